@@ -1,0 +1,3 @@
+//! Client library for sparkd: the wire protocol, its framing, and an async client.
+
+pub mod protocol;

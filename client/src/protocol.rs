@@ -1,0 +1,328 @@
+//! The sparkd wire protocol: every message a client and the daemon exchange.
+//!
+//! Frames are a big-endian u32 length followed by one postcard-encoded message (see
+//! `codec`). Postcard is not self-describing, so the rules for evolving these types are
+//! strict (see `PROTOCOL.md`): a new field or a changed field is a new major version; a
+//! minor version may only add new enum variants at the end of an enum.
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped when an existing message changes shape. Peers with different majors refuse
+/// each other with [`ErrorKind::VersionMismatch`].
+pub const PROTOCOL_MAJOR: u16 = 1;
+/// Bumped when variants are appended. A newer minor may send variants an older peer
+/// does not know; peers announce their minor so the other side can avoid that.
+pub const PROTOCOL_MINOR: u16 = 0;
+/// Default cap on one frame's payload, checked before any allocation.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
+
+/// A message from a client to the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    /// Must be the first message on a connection.
+    Hello(Hello),
+    /// Starts a generation; its events carry the same `id`.
+    Generate(GenerateRequest),
+    /// Stops a running or queued generation. The stream still ends with a `Done`.
+    Cancel { id: u64 },
+    /// Turns text into token ids with the loaded model's tokenizer.
+    Tokenize {
+        id: u64,
+        text: String,
+        /// Parse special tokens such as `<|im_start|>` in `text`.
+        special: bool,
+    },
+    Status { id: u64 },
+    /// The most recent finished jobs, newest first, at most `limit`.
+    Jobs { id: u64, limit: u32 },
+    Models { id: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub major: u16,
+    pub minor: u16,
+    /// Free-form client name and version, for logs (never user content).
+    pub client: String,
+}
+
+/// A message from the daemon to a client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ServerMessage {
+    /// The answer to a compatible `Hello`.
+    Welcome(Welcome),
+    Token(TokenEvent),
+    /// The last frame of every generation, whatever ended it.
+    Done(DoneEvent),
+    /// A failure. With an `id` it belongs to that request (a generation's stream still
+    /// ends with `Done` when it had started); without, it concerns the connection, which
+    /// the daemon closes after sending it.
+    Error(ErrorEvent),
+    Tokens { id: u64, tokens: Vec<TokenPiece> },
+    Status { id: u64, status: StatusReport },
+    Jobs { id: u64, jobs: Vec<JobRecord> },
+    Models { id: u64, models: Vec<ModelInfo> },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub major: u16,
+    pub minor: u16,
+    pub daemon_version: String,
+    /// The largest frame the daemon accepts, in bytes.
+    pub max_frame_bytes: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// Chosen by the client, unique among its connection's running requests.
+    pub id: u64,
+    /// `None` is the daemon's loaded model; a name that is not loaded is `UnknownModel`.
+    pub model: Option<String>,
+    pub input: PromptInput,
+    pub sampling: SamplingParams,
+    /// `None`: up to the end of the context.
+    pub max_tokens: Option<u32>,
+    /// Generation ends before any of these strings; it is not emitted.
+    pub stop: Vec<String>,
+    /// `Some(n)`: each token event carries the chosen token's logprob and the top `n`
+    /// alternatives (`n` at most 20).
+    pub logprobs: Option<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum PromptInput {
+    /// Rendered with the model's chat template, with the generation prompt added.
+    Chat { messages: Vec<ChatMessage> },
+    /// Used as is; `special` parses special-token text into special tokens.
+    Raw { text: String, special: bool },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant` (others are passed to the template as they are).
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// How the next token is chosen. The defaults are greedy decoding with no penalties.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 is greedy. Must be finite and >= 0.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: u32,
+    /// In (0, 1]; 1 disables.
+    pub top_p: f32,
+    /// In [0, 1]; 0 disables.
+    pub min_p: f32,
+    /// > 0; 1 disables. Applied over the last `repeat_last_n` tokens.
+    pub repeat_penalty: f32,
+    pub repeat_last_n: u32,
+    /// In [-2, 2], OpenAI semantics.
+    pub presence_penalty: f32,
+    /// In [-2, 2], OpenAI semantics.
+    pub frequency_penalty: f32,
+    /// The same seed and prompt give the same tokens. `None`: the daemon picks one.
+    pub seed: Option<u64>,
+    /// Added to the logits of these token ids before sampling.
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenEvent {
+    pub id: u64,
+    pub token: u32,
+    /// The text this token completes. Always whole UTF-8: bytes of a partial character
+    /// are held back and sent with the token that completes it, so this may be empty.
+    pub text: String,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    /// Natural-log probability of the chosen token under the unmodified distribution.
+    pub logprob: f32,
+    /// The most likely alternatives, most likely first.
+    pub top: Vec<(u32, String, f32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` or the end of the context.
+    Length,
+    /// The client sent `Cancel`.
+    Cancelled,
+    /// The client's connection went away (recorded in the jobs list; nobody reads it).
+    Disconnected,
+    /// The daemon shut down before the generation ended.
+    Shutdown,
+    /// The engine failed; an `Error` with the same id precedes this `Done`.
+    Error,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Disconnected => "disconnected",
+            FinishReason::Shutdown => "shutdown",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// Engine-side timings of one request, in milliseconds, measured around the model's
+/// forward passes (never around socket writes). See `PROTOCOL.md` for the definitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Arrival at the daemon to admission into the running batch.
+    pub queue_ms: f64,
+    /// Arrival to the first generated token being sampled. `None` if none was.
+    pub ttft_ms: Option<f64>,
+    /// Sum of the forward steps that processed this request's prompt.
+    pub prefill_ms: f64,
+    /// First sampled token to the last one.
+    pub generation_ms: f64,
+    /// Sum of the forward steps in which this request decoded a token after the first.
+    pub decode_ms: f64,
+    /// (completion_tokens - 1) / decode_ms. `None` with fewer than two tokens.
+    pub decode_tps: Option<f64>,
+    /// prompt_tokens / prefill_ms. `None` when no prompt was processed.
+    pub prefill_tps: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DoneEvent {
+    pub id: u64,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// A frame that did not decode as a message.
+    BadFrame,
+    /// A frame over the size limit.
+    FrameTooLarge,
+    /// The first message was not `Hello`, or came twice.
+    Handshake,
+    VersionMismatch,
+    /// The queue is full; try again later.
+    Busy,
+    /// A field is out of range; the message names it.
+    InvalidRequest,
+    /// Prompt plus `max_tokens` does not fit in the context.
+    ContextOverflow,
+    UnknownModel,
+    /// The request id is already running on this connection.
+    DuplicateId,
+    /// The connecting user is not allowed.
+    NotAllowed,
+    /// The engine failed while running the request.
+    Engine,
+    ShuttingDown,
+    Internal,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorEvent {
+    pub id: Option<u64>,
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenPiece {
+    pub id: u32,
+    /// The token's text (lossy for tokens that are part of a UTF-8 sequence).
+    pub piece: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub path: String,
+    pub architecture: String,
+    /// The file's dominant tensor type, e.g. `Q4_1`.
+    pub quantization: String,
+    pub parameters: u64,
+    pub context_length: u32,
+    pub file_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub daemon_version: String,
+    pub model: ModelInfo,
+    /// `cpu` or `cuda`.
+    pub backend: String,
+    /// E.g. `AMD EPYC (2 threads, avx2)` or `NVIDIA GB10 (sm_121)`.
+    pub device: String,
+    pub resident_bytes: u64,
+    pub uptime_s: f64,
+    pub running: u32,
+    pub queued: u32,
+    pub kv_blocks_used: u32,
+    pub kv_blocks_total: u32,
+    pub kv_block_tokens: u32,
+    pub requests_served: u64,
+    pub tokens_generated: u64,
+    pub prompt_tokens_processed: u64,
+}
+
+/// One finished generation as the daemon remembers it: counts and timings, never text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Daemon-wide job number (not the client's request id).
+    pub job: u64,
+    /// The client's request id.
+    pub request_id: u64,
+    pub client_pid: Option<u32>,
+    pub client_uid: Option<u32>,
+    pub model: String,
+    /// `sparkd`, or the name of the upstream engine that served a forwarded job.
+    pub engine: String,
+    /// Milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    pub finished_unix_ms: u64,
+    pub usage: Usage,
+    pub timings: Timings,
+    pub finish_reason: FinishReason,
+    /// True when counts were estimated rather than reported by the engine.
+    pub estimated: bool,
+}

@@ -1,0 +1,52 @@
+//! What the socket server asks of the engine: the boundary between async I/O and the
+//! engine thread. The server only sees this trait, so its tests run against a fake.
+
+use std::time::Instant;
+
+use spark_client::protocol::{
+    ErrorEvent, FinishReason, GenerateRequest, JobRecord, ModelInfo, ServerMessage, StatusReport,
+    TokenPiece,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Identifies one socket connection for the life of the daemon.
+pub type ConnId = u64;
+
+/// Who is on the other end of a connection, from the socket's peer credentials.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientInfo {
+    pub pid: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// A generate request as it reaches the engine.
+#[derive(Debug)]
+pub struct Submission {
+    pub conn: ConnId,
+    pub client: ClientInfo,
+    pub request: GenerateRequest,
+    /// When the request's frame was decoded: the start of `queue_ms` and `ttft_ms`.
+    pub arrived: Instant,
+    /// Where this request's `Token`, `Error` and final `Done` go. The engine never
+    /// blocks on it; a closed channel means the client is gone and the request ends.
+    pub events: UnboundedSender<ServerMessage>,
+}
+
+/// The engine as the server sees it. Every method returns quickly: generation itself
+/// happens on the engine's own thread and reports through `Submission::events`.
+pub trait Engine: Send + Sync + 'static {
+    /// Validates and queues a generation. An `Err` is sent to the client as is and no
+    /// `Done` follows it (the request never started).
+    fn submit(&self, submission: Submission) -> Result<(), ErrorEvent>;
+    /// Ends one request of a connection; its stream still ends with a `Done` carrying
+    /// `reason`. Unknown ids are ignored (the request may have just finished).
+    fn cancel(&self, conn: ConnId, request_id: u64, reason: FinishReason);
+    /// Ends every request of a connection that went away, within one engine step.
+    fn cancel_connection(&self, conn: ConnId);
+    fn tokenize(&self, text: &str, special: bool) -> Result<Vec<TokenPiece>, ErrorEvent>;
+    fn status(&self) -> StatusReport;
+    /// Most recent first, at most `limit`.
+    fn jobs(&self, limit: usize) -> Vec<JobRecord>;
+    fn models(&self) -> Vec<ModelInfo>;
+}

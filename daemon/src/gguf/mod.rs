@@ -1,0 +1,1 @@
+//! GGUF: reading (memory-mapped, hardened against crafted files) and writing.

@@ -1,0 +1,10 @@
+//! sparkd: a resident LLM daemon. The model is loaded once and serves generate requests
+//! over a Unix socket, batching concurrent requests into shared forward steps.
+
+pub mod backend;
+pub mod engine;
+pub mod gguf;
+pub mod model;
+pub mod quant;
+pub mod server;
+pub mod text;

@@ -1,0 +1,5 @@
+//! Quantized tensor formats: block layouts, dequantization and reference quantizers.
+
+pub mod types;
+
+pub use types::*;

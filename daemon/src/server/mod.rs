@@ -1,0 +1,1 @@
+//! The Unix-socket server: accept loop, per-connection framing, handshake, dispatch to the engine.

@@ -1,0 +1,1 @@
+//! Text in, text out: tokenizers from GGUF metadata, chat templates, sampling, stop strings.
