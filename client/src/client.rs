@@ -167,17 +167,15 @@ impl Client {
     }
 
     pub async fn tokenize(&self, text: &str, special: bool) -> Result<Vec<TokenPiece>, ClientError> {
-        let id = self.next_request_id();
-        let message = ClientMessage::Tokenize { id, text: text.to_owned(), special };
-        match self.request(id, message).await? {
+        let text = text.to_owned();
+        match self.request(|id| ClientMessage::Tokenize { id, text, special }).await? {
             ServerMessage::Tokens { tokens, .. } => Ok(tokens),
             other => Err(unexpected("Tokens", &other)),
         }
     }
 
     pub async fn status(&self) -> Result<StatusReport, ClientError> {
-        let id = self.next_request_id();
-        match self.request(id, ClientMessage::Status { id }).await? {
+        match self.request(|id| ClientMessage::Status { id }).await? {
             ServerMessage::Status { status, .. } => Ok(status),
             other => Err(unexpected("Status", &other)),
         }
@@ -185,25 +183,28 @@ impl Client {
 
     /// The most recent finished jobs, newest first, at most `limit`.
     pub async fn jobs(&self, limit: u32) -> Result<Vec<JobRecord>, ClientError> {
-        let id = self.next_request_id();
-        match self.request(id, ClientMessage::Jobs { id, limit }).await? {
+        match self.request(|id| ClientMessage::Jobs { id, limit }).await? {
             ServerMessage::Jobs { jobs, .. } => Ok(jobs),
             other => Err(unexpected("Jobs", &other)),
         }
     }
 
     pub async fn models(&self) -> Result<Vec<ModelInfo>, ClientError> {
-        let id = self.next_request_id();
-        match self.request(id, ClientMessage::Models { id }).await? {
+        match self.request(|id| ClientMessage::Models { id }).await? {
             ServerMessage::Models { models, .. } => Ok(models),
             other => Err(unexpected("Models", &other)),
         }
     }
 
-    async fn request(&self, id: u64, message: ClientMessage) -> Result<ServerMessage, ClientError> {
+    /// Sends a query under a fresh id and waits for its reply.
+    async fn request(
+        &self,
+        message: impl FnOnce(u64) -> ClientMessage,
+    ) -> Result<ServerMessage, ClientError> {
         let (reply_tx, reply_rx) = oneshot::channel();
-        self.shared.routes.register(id, Route::Reply(reply_tx))?;
-        if let Err(err) = self.send(message) {
+        // Skips ids a caller chose for its own generations.
+        let id = self.shared.routes.register_fresh(|| self.next_request_id(), Route::Reply(reply_tx))?;
+        if let Err(err) = self.send(message(id)) {
             self.shared.routes.remove(id);
             return Err(err);
         }
@@ -328,6 +329,19 @@ impl Routes {
         Ok(())
     }
 
+    /// Registers `route` under the first id from `next` that is not in use.
+    fn register_fresh(&self, next: impl Fn() -> u64, route: Route) -> Result<u64, ClientError> {
+        let mut state = self.lock();
+        if let Some(reason) = &state.closed {
+            return Err(closed_error(reason.as_ref()));
+        }
+        let id = std::iter::repeat_with(next)
+            .find(|id| !state.pending.contains_key(id))
+            .unwrap_or_default();
+        state.pending.insert(id, route);
+        Ok(id)
+    }
+
     /// Forgets a request: frames that still arrive for it are dropped.
     pub(crate) fn remove(&self, id: u64) {
         self.lock().pending.remove(&id);
@@ -417,3 +431,7 @@ fn closed_error(reason: Option<&ErrorEvent>) -> ClientError {
         None => ClientError::Disconnected,
     }
 }
+
+#[cfg(test)]
+#[path = "client_tests.rs"]
+mod tests;

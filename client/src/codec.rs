@@ -1,5 +1,7 @@
 //! Framing shared by the client and the daemon: a big-endian `u32` length, then one
-//! postcard-encoded message.
+//! postcard-encoded message (the layout of tokio-util's `LengthDelimitedCodec` with a
+//! 4-byte big-endian length field, decoded here directly so that an oversized frame can be
+//! told apart from an undecodable one and reported with its size).
 //!
 //! The length is checked against the receiver's limit before any buffer is grown for the
 //! payload, so a peer cannot make the other side allocate more than the limit. A frame
@@ -10,7 +12,7 @@ use std::{io, marker::PhantomData};
 
 use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
-use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+use tokio_util::codec::{Decoder, Encoder};
 
 /// Bytes in the length prefix.
 pub const HEADER_BYTES: usize = 4;
@@ -38,7 +40,6 @@ pub enum CodecError {
 /// reverse. The limit applies to frames received; frames sent are bounded only by the
 /// `u32` prefix, since the receiver enforces its own limit.
 pub struct MessageCodec<In, Out> {
-    frames: LengthDelimitedCodec,
     max_frame_bytes: usize,
     // `fn` pointer: the codec neither owns nor shares values of these types.
     _types: PhantomData<fn(Out) -> In>,
@@ -46,12 +47,7 @@ pub struct MessageCodec<In, Out> {
 
 impl<In, Out> MessageCodec<In, Out> {
     pub fn new(max_frame_bytes: usize) -> Self {
-        let frames = LengthDelimitedCodec::builder()
-            .big_endian()
-            .length_field_length(HEADER_BYTES)
-            .max_frame_length(max_frame_bytes)
-            .new_codec();
-        Self { frames, max_frame_bytes, _types: PhantomData }
+        Self { max_frame_bytes, _types: PhantomData }
     }
 
     pub fn max_frame_bytes(&self) -> usize {
@@ -70,18 +66,24 @@ impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
     type Error = CodecError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, CodecError> {
-        // Read the announced length ourselves first: `LengthDelimitedCodec` enforces the
-        // same limit, but its error does not say how large the frame was.
-        if src.len() >= HEADER_BYTES {
-            let len = (&src[..HEADER_BYTES]).get_u32() as usize;
-            if len > self.max_frame_bytes {
-                return Err(CodecError::FrameTooLarge { len, max: self.max_frame_bytes });
-            }
+        // Stateless on purpose: the header is re-read until the whole frame is buffered,
+        // so the limit check always looks at a real header, never at payload bytes.
+        if src.len() < HEADER_BYTES {
+            return Ok(None);
         }
-        match self.frames.decode(src)? {
-            None => Ok(None),
-            Some(frame) => decode_payload(&frame).map(Some),
+        let len = (&src[..HEADER_BYTES]).get_u32() as usize;
+        if len > self.max_frame_bytes {
+            return Err(CodecError::FrameTooLarge { len, max: self.max_frame_bytes });
         }
+        let total = HEADER_BYTES + len;
+        if src.len() < total {
+            // Bounded by the limit just checked.
+            src.reserve(total - src.len());
+            return Ok(None);
+        }
+        src.advance(HEADER_BYTES);
+        let payload = src.split_to(len);
+        decode_payload(&payload).map(Some)
     }
 }
 
@@ -155,17 +157,22 @@ mod tests {
 
     #[test]
     fn partial_frames_wait_for_more_bytes() {
-        let full = frame_of(&hello());
-        let mut codec = ServerSide::new(1024);
-        // Every strict prefix, including a partial header, is "not yet".
-        for cut in 0..full.len() {
-            let mut buf = BytesMut::from(&full[..cut]);
-            assert_eq!(codec.decode(&mut buf).unwrap(), None, "prefix of {cut} bytes");
+        // Read as a header, the start of either payload announces far more than the
+        // limit: decoding must never mistake payload bytes for a header.
+        let request = ClientMessage::Tokenize { id: 1, text: "some text".into(), special: false };
+        for message in [hello(), request] {
+            let full = frame_of(&message);
+            for cut in 0..full.len() {
+                let mut codec = ServerSide::new(1024);
+                let mut buf = BytesMut::from(&full[..cut]);
+                // Polled repeatedly while bytes trickle in, as a framed reader does.
+                assert_eq!(codec.decode(&mut buf).unwrap(), None, "prefix of {cut} bytes");
+                assert_eq!(codec.decode(&mut buf).unwrap(), None, "prefix of {cut} bytes, again");
+                buf.extend_from_slice(&full[cut..]);
+                assert_eq!(codec.decode(&mut buf).unwrap(), Some(message.clone()), "cut at {cut}");
+                assert!(buf.is_empty());
+            }
         }
-        let mut buf = BytesMut::from(&full[..3]);
-        assert_eq!(codec.decode(&mut buf).unwrap(), None);
-        buf.extend_from_slice(&full[3..]);
-        assert_eq!(codec.decode(&mut buf).unwrap(), Some(hello()));
     }
 
     #[test]

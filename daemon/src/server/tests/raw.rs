@@ -368,3 +368,18 @@ async fn partial_frames_are_reassembled() {
     assert!(matches!(raw.recv().await, Some(ServerMessage::Welcome(_))));
     assert!(matches!(raw.recv().await, Some(ServerMessage::Status { id: 9, .. })));
 }
+
+#[tokio::test]
+async fn a_frame_split_inside_its_payload_is_not_mistaken_for_a_header() {
+    let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
+    let mut raw = server.raw_welcomed().await;
+    let mut bytes = bytes::BytesMut::new();
+    spark_client::codec::encode_frame(&ClientMessage::Generate(request(1, "hi", 2)), &mut bytes).unwrap();
+    // Header plus one payload byte, then the rest: the daemon sees the header, then
+    // bytes that, read as a header, would announce a frame far over the limit.
+    raw.send_bytes(&bytes[..5]).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    raw.send_bytes(&bytes[5..]).await;
+    let (tokens, _) = read_generation(&mut raw, 1).await;
+    assert_eq!(tokens.len(), 2);
+}

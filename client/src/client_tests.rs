@@ -1,0 +1,271 @@
+//! The client against a scripted daemon on the other end of a socket pair: handshake
+//! outcomes, routing, and how the end of a connection reaches every waiter.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::net::UnixStream;
+use tokio_util::codec::Framed;
+
+use super::*;
+use crate::protocol::{DoneEvent, FinishReason, PromptInput, SamplingParams, TokenEvent};
+
+type Daemon = Framed<UnixStream, MessageCodec<ClientMessage, ServerMessage>>;
+
+fn welcome(major: u16) -> ServerMessage {
+    ServerMessage::Welcome(Welcome {
+        major,
+        minor: 0,
+        daemon_version: "test".into(),
+        max_frame_bytes: 1024,
+    })
+}
+
+fn options() -> ConnectOptions {
+    ConnectOptions { handshake_timeout: Duration::from_secs(5), ..ConnectOptions::default() }
+}
+
+/// A client connected to a scripted daemon that answered `Hello` with `Welcome`.
+async fn connected() -> (Client, Daemon) {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut daemon = Framed::new(theirs, MessageCodec::new(1 << 20));
+    let script = async {
+        assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Hello(_)))));
+        daemon.send(welcome(PROTOCOL_MAJOR)).await.unwrap();
+    };
+    let options = options();
+    let (client, ()) = tokio::join!(Client::from_stream(ours, &options), script);
+    (client.unwrap(), daemon)
+}
+
+async fn refused_with(answer: Option<ServerMessage>) -> ClientError {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut daemon = Framed::new(theirs, MessageCodec::<ClientMessage, ServerMessage>::new(1 << 20));
+    let script = async move {
+        let _ = daemon.next().await;
+        if let Some(answer) = answer {
+            daemon.send(answer).await.unwrap();
+        }
+        // Dropping `daemon` closes the connection.
+    };
+    let options = options();
+    let (client, ()) = tokio::join!(Client::from_stream(ours, &options), script);
+    client.expect_err("handshake must fail")
+}
+
+fn request(id: u64) -> GenerateRequest {
+    GenerateRequest {
+        id,
+        model: None,
+        input: PromptInput::Raw { text: "x".into(), special: false },
+        sampling: SamplingParams::default(),
+        max_tokens: None,
+        stop: Vec::new(),
+        logprobs: None,
+    }
+}
+
+fn token(id: u64, n: u32) -> ServerMessage {
+    ServerMessage::Token(TokenEvent { id, token: n, text: format!("{n}"), logprobs: None })
+}
+
+fn done(id: u64) -> ServerMessage {
+    ServerMessage::Done(DoneEvent {
+        id,
+        finish_reason: FinishReason::Stop,
+        usage: Default::default(),
+        timings: Default::default(),
+    })
+}
+
+#[tokio::test]
+async fn hello_carries_our_version_and_name() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut daemon = Framed::new(theirs, MessageCodec::<ClientMessage, ServerMessage>::new(1 << 20));
+    let script = async {
+        match daemon.next().await {
+            Some(Ok(ClientMessage::Hello(hello))) => {
+                assert_eq!((hello.major, hello.minor), (PROTOCOL_MAJOR, PROTOCOL_MINOR));
+                assert_eq!(hello.client, "tester");
+            }
+            other => panic!("expected Hello, got {other:?}"),
+        }
+        daemon.send(welcome(PROTOCOL_MAJOR)).await.unwrap();
+    };
+    let options = ConnectOptions { client_name: "tester".into(), ..options() };
+    let (client, ()) = tokio::join!(Client::from_stream(ours, &options), script);
+    assert_eq!(client.unwrap().daemon().max_frame_bytes, 1024);
+}
+
+#[tokio::test]
+async fn version_mismatch_error_from_the_daemon() {
+    let refusal = ErrorEvent { id: None, kind: ErrorKind::VersionMismatch, message: "daemon speaks 2.0".into() };
+    match refused_with(Some(ServerMessage::Error(refusal))).await {
+        ClientError::VersionMismatch { client, daemon } => {
+            assert_eq!(client, (PROTOCOL_MAJOR, PROTOCOL_MINOR));
+            assert_eq!(daemon, "daemon speaks 2.0");
+        }
+        other => panic!("expected VersionMismatch, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn welcome_of_another_major_is_a_mismatch() {
+    match refused_with(Some(welcome(PROTOCOL_MAJOR + 1))).await {
+        ClientError::VersionMismatch { daemon, .. } => {
+            assert!(daemon.contains(&format!("{}.0", PROTOCOL_MAJOR + 1)), "{daemon}")
+        }
+        other => panic!("expected VersionMismatch, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn daemon_closing_during_the_handshake_is_a_disconnect() {
+    assert!(matches!(refused_with(None).await, ClientError::Disconnected));
+}
+
+#[tokio::test]
+async fn anything_but_welcome_is_a_protocol_error() {
+    assert!(matches!(refused_with(Some(done(1))).await, ClientError::Protocol(_)));
+}
+
+#[tokio::test]
+async fn silent_daemon_times_out() {
+    let (ours, _theirs) = UnixStream::pair().unwrap();
+    let options = ConnectOptions { handshake_timeout: Duration::from_millis(50), ..options() };
+    match Client::from_stream(ours, &options).await {
+        Err(ClientError::Protocol(message)) => assert!(message.contains("handshake"), "{message}"),
+        other => panic!("expected a handshake timeout, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn frames_are_routed_by_id_and_strays_are_dropped() {
+    let (client, mut daemon) = connected().await;
+    let mut a = client.generate(request(1)).await.unwrap();
+    let mut b = client.generate(request(2)).await.unwrap();
+    for _ in 0..2 {
+        assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Generate(_)))));
+    }
+    for frame in [token(2, 0), token(99, 0), token(1, 0), done(99), token(2, 1), done(1), done(2)] {
+        daemon.send(frame).await.unwrap();
+    }
+    let a_events: Vec<_> = (&mut a).map(Result::unwrap).collect().await;
+    let b_events: Vec<_> = (&mut b).map(Result::unwrap).collect().await;
+    assert!(matches!(a_events.as_slice(), [GenerationEvent::Token(t), GenerationEvent::Done(d)] if t.id == 1 && d.id == 1));
+    assert!(matches!(
+        b_events.as_slice(),
+        [GenerationEvent::Token(t0), GenerationEvent::Token(t1), GenerationEvent::Done(d)]
+            if t0.token == 0 && t1.token == 1 && d.id == 2
+    ));
+}
+
+#[tokio::test]
+async fn connection_error_reaches_every_waiter_and_later_calls() {
+    let (client, mut daemon) = connected().await;
+    let mut generation = client.generate(request(1)).await.unwrap();
+    let status = {
+        let client = client.clone();
+        tokio::spawn(async move { client.status().await })
+    };
+    assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Generate(_)))));
+    assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Status { .. }))));
+    let shutdown = ErrorEvent { id: None, kind: ErrorKind::ShuttingDown, message: "bye".into() };
+    daemon.send(ServerMessage::Error(shutdown)).await.unwrap();
+    drop(daemon);
+
+    assert!(matches!(generation.next().await, Some(Err(ClientError::Busy(m))) if m == "bye"));
+    assert!(generation.next().await.is_none());
+    assert!(matches!(status.await.unwrap(), Err(ClientError::Busy(_))));
+    assert!(matches!(client.models().await, Err(ClientError::Busy(_))));
+}
+
+#[tokio::test]
+async fn eof_fails_pending_requests_with_disconnected() {
+    let (client, mut daemon) = connected().await;
+    let mut generation = client.generate(request(1)).await.unwrap();
+    assert!(daemon.next().await.is_some());
+    daemon.send(token(1, 0)).await.unwrap();
+    drop(daemon);
+    assert!(matches!(generation.next().await, Some(Ok(GenerationEvent::Token(_)))));
+    assert!(matches!(generation.next().await, Some(Err(ClientError::Disconnected))));
+    assert!(generation.next().await.is_none());
+    assert!(matches!(client.jobs(1).await, Err(ClientError::Disconnected)));
+}
+
+#[tokio::test]
+async fn dropping_an_unfinished_generation_sends_cancel_and_a_finished_one_does_not() {
+    let (client, mut daemon) = connected().await;
+    let finished = client.generate(request(1)).await.unwrap();
+    assert!(daemon.next().await.is_some());
+    daemon.send(done(1)).await.unwrap();
+    let (_, last) = finished.collect_text().await.unwrap();
+    assert_eq!(last.id, 1);
+
+    let unfinished = client.generate(request(2)).await.unwrap();
+    assert!(daemon.next().await.is_some());
+    drop(unfinished);
+    assert_eq!(daemon.next().await.unwrap().unwrap(), ClientMessage::Cancel { id: 2 });
+    // Late frames for the dropped generation are ignored, and the id is free again.
+    daemon.send(token(2, 0)).await.unwrap();
+    daemon.send(done(2)).await.unwrap();
+    let _again = client.generate(request(2)).await.unwrap();
+    assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Generate(r))) if r.id == 2));
+}
+
+#[tokio::test]
+async fn a_mistyped_reply_is_a_protocol_error() {
+    let (client, mut daemon) = connected().await;
+    let status = tokio::spawn(async move { client.status().await });
+    let id = match daemon.next().await {
+        Some(Ok(ClientMessage::Status { id })) => id,
+        other => panic!("expected Status, got {other:?}"),
+    };
+    daemon.send(ServerMessage::Models { id, models: Vec::new() }).await.unwrap();
+    assert!(matches!(status.await.unwrap(), Err(ClientError::Protocol(_))));
+}
+
+#[tokio::test]
+async fn queries_skip_ids_taken_by_caller_chosen_generations() {
+    let (client, mut daemon) = connected().await;
+    // The caller picked ids the client would hand out next.
+    let _one = client.generate(request(1)).await.unwrap();
+    let _two = client.generate(request(2)).await.unwrap();
+    let status = tokio::spawn(async move { client.status().await.map(|s| s.uptime_s) });
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        match daemon.next().await {
+            Some(Ok(ClientMessage::Generate(r))) => ids.push(r.id),
+            Some(Ok(ClientMessage::Status { id })) => {
+                assert!(!ids.contains(&id), "status reused generation id {id}");
+                let report = crate::protocol::StatusReport {
+                    daemon_version: String::new(),
+                    model: crate::protocol::ModelInfo {
+                        name: String::new(),
+                        path: String::new(),
+                        architecture: String::new(),
+                        quantization: String::new(),
+                        parameters: 0,
+                        context_length: 0,
+                        file_bytes: 0,
+                    },
+                    backend: String::new(),
+                    device: String::new(),
+                    resident_bytes: 0,
+                    uptime_s: 2.5,
+                    running: 0,
+                    queued: 0,
+                    kv_blocks_used: 0,
+                    kv_blocks_total: 0,
+                    kv_block_tokens: 0,
+                    requests_served: 0,
+                    tokens_generated: 0,
+                    prompt_tokens_processed: 0,
+                };
+                daemon.send(ServerMessage::Status { id, status: report }).await.unwrap();
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(status.await.unwrap().unwrap(), 2.5);
+}
