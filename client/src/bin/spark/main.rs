@@ -1,1 +1,86 @@
-fn main() {}
+//! `spark`: the command-line client of sparkd.
+
+mod autostart;
+mod chat;
+mod connect;
+mod exit;
+mod format;
+mod jobs;
+mod json;
+mod output;
+mod pull;
+mod request;
+mod run;
+mod status;
+mod stop;
+mod stream;
+mod tokenize;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "spark", version, about = "Run prompts on the resident sparkd daemon")]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every subcommand takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Global {
+    /// The daemon's socket [default: $SPARKD_SOCKET, else $XDG_RUNTIME_DIR/sparkd/sparkd.sock]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The model an auto-started daemon loads (a name or a GGUF path)
+    #[arg(long, global = true, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// Never start sparkd automatically (same as SPARKD_NO_AUTOSTART=1)
+    #[arg(long, global = true)]
+    pub no_start: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Generate from one prompt; text to stdout, one stats line to stderr
+    Run(run::Args),
+    /// Chat interactively (Ctrl-C stops an answer, Ctrl-D or /exit leaves)
+    Chat(chat::Args),
+    /// List recent generations with their counts and timings
+    Jobs(jobs::Args),
+    /// Show the daemon's model, device, memory and load
+    Status(status::Args),
+    /// Show how the loaded model tokenizes a text
+    Tokenize(tokenize::Args),
+    /// Stop a daemon that `spark` started
+    Stop,
+    /// Download a model
+    Pull(pull::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => return exit::report(err.into()),
+    };
+    let global = cli.global;
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::run(&global, args).await,
+            Command::Chat(args) => chat::run(&global, args).await,
+            Command::Jobs(args) => jobs::run(&global, args).await,
+            Command::Status(args) => status::run(&global, args).await,
+            Command::Tokenize(args) => tokenize::run(&global, args).await,
+            Command::Stop => stop::run(&global).await,
+            Command::Pull(args) => pull::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(err) => exit::report(err),
+    }
+}

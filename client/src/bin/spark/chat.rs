@@ -1,0 +1,121 @@
+//! `spark chat`: a conversation, kept on the client side and sent whole each turn.
+
+use std::{
+    io::{self, BufRead, IsTerminal},
+    process::ExitCode,
+};
+
+use anyhow::Context;
+use spark_client::{protocol::ChatMessage, ClientError};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::mpsc,
+};
+
+use crate::{
+    connect::{self, Autostart},
+    exit, format, output,
+    request::RequestArgs,
+    stream::{self, Mode},
+    Global,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub request: RequestArgs,
+}
+
+pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
+    let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
+    let client = tokio::select! {
+        client = connect::connect(global, Autostart::Allowed) => client?,
+        _ = interrupts.recv() => return Ok(exit::code(exit::INTERRUPTED)),
+    };
+    let interactive = io::stdin().is_terminal();
+    let mut lines = stdin_lines();
+    let mut turns: Vec<ChatMessage> = Vec::new();
+    if interactive {
+        output::dim_line("Ctrl-C stops an answer; Ctrl-D or /exit leaves.");
+    }
+
+    loop {
+        if interactive {
+            output::err_text(">>> ");
+        }
+        let line = tokio::select! {
+            line = lines.recv() => line,
+            _ = interrupts.recv() => {
+                // The terminal discarded the half-typed line; start a fresh one.
+                output::err_text("\n");
+                continue;
+            }
+        };
+        let line = match line {
+            None => break,
+            Some(line) => line.context("cannot read stdin")?,
+        };
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if text == "/exit" || text == "/quit" {
+            break;
+        }
+
+        turns.push(ChatMessage::new("user", text));
+        let request = args.request.request(client.next_request_id(), args.request.chat(&turns));
+        let answer = match client.generate(request).await {
+            Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
+            Err(err) => Err(err.into()),
+        };
+        match answer {
+            Ok(outcome) => {
+                if let Some(done) = &outcome.done {
+                    output::dim_line(&format::stats_line(done));
+                }
+                // A stopped answer stays in the history as far as it went: it was seen.
+                turns.push(ChatMessage::new("assistant", outcome.text));
+            }
+            Err(err) => match err.downcast_ref::<ClientError>() {
+                // Refused (busy, too long...): say so and let the user go on.
+                Some(client_err) if !client_err.is_unavailable() => {
+                    turns.pop();
+                    output::error_line(&format!("spark: {client_err}"));
+                }
+                _ => return Err(err),
+            },
+        }
+    }
+    if interactive {
+        output::err_text("\n");
+    }
+    Ok(exit::code(exit::OK))
+}
+
+/// Lines of stdin, read on a thread of their own (a blocking read cannot be cancelled,
+/// and the process may end while it waits).
+fn stdin_lines() -> mpsc::UnboundedReceiver<io::Result<String>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut stdin = io::stdin().lock();
+        loop {
+            let mut bytes = Vec::new();
+            match stdin.read_until(b'\n', &mut bytes) {
+                Ok(0) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&bytes).into_owned();
+                    if tx.send(Ok(line)).is_err() {
+                        break;
+                    }
+                }
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => {
+                    let _ = tx.send(Err(err));
+                    break;
+                }
+            }
+        }
+    });
+    rx
+}
