@@ -22,7 +22,10 @@ fn welcome(major: u16) -> ServerMessage {
 }
 
 fn options() -> ConnectOptions {
-    ConnectOptions { handshake_timeout: Duration::from_secs(5), ..ConnectOptions::default() }
+    ConnectOptions {
+        handshake_timeout: Duration::from_secs(5),
+        ..ConnectOptions::default()
+    }
 }
 
 /// A client connected to a scripted daemon that answered `Hello` with `Welcome`.
@@ -30,7 +33,10 @@ async fn connected() -> (Client, Daemon) {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let mut daemon = Framed::new(theirs, MessageCodec::new(1 << 20));
     let script = async {
-        assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Hello(_)))));
+        assert!(matches!(
+            daemon.next().await,
+            Some(Ok(ClientMessage::Hello(_)))
+        ));
         daemon.send(welcome(PROTOCOL_MAJOR)).await.unwrap();
     };
     let options = options();
@@ -40,7 +46,10 @@ async fn connected() -> (Client, Daemon) {
 
 async fn refused_with(answer: Option<ServerMessage>) -> ClientError {
     let (ours, theirs) = UnixStream::pair().unwrap();
-    let mut daemon = Framed::new(theirs, MessageCodec::<ClientMessage, ServerMessage>::new(1 << 20));
+    let mut daemon = Framed::new(
+        theirs,
+        MessageCodec::<ClientMessage, ServerMessage>::new(1 << 20),
+    );
     let script = async move {
         let _ = daemon.next().await;
         if let Some(answer) = answer {
@@ -57,7 +66,10 @@ fn request(id: u64) -> GenerateRequest {
     GenerateRequest {
         id,
         model: None,
-        input: PromptInput::Raw { text: "x".into(), special: false },
+        input: PromptInput::Raw {
+            text: "x".into(),
+            special: false,
+        },
         sampling: SamplingParams::default(),
         max_tokens: None,
         stop: Vec::new(),
@@ -66,7 +78,12 @@ fn request(id: u64) -> GenerateRequest {
 }
 
 fn token(id: u64, n: u32) -> ServerMessage {
-    ServerMessage::Token(TokenEvent { id, token: n, text: format!("{n}"), logprobs: None })
+    ServerMessage::Token(TokenEvent {
+        id,
+        token: n,
+        text: format!("{n}"),
+        logprobs: None,
+    })
 }
 
 fn done(id: u64) -> ServerMessage {
@@ -81,7 +98,10 @@ fn done(id: u64) -> ServerMessage {
 #[tokio::test]
 async fn hello_carries_our_version_and_name() {
     let (ours, theirs) = UnixStream::pair().unwrap();
-    let mut daemon = Framed::new(theirs, MessageCodec::<ClientMessage, ServerMessage>::new(1 << 20));
+    let mut daemon = Framed::new(
+        theirs,
+        MessageCodec::<ClientMessage, ServerMessage>::new(1 << 20),
+    );
     let script = async {
         match daemon.next().await {
             Some(Ok(ClientMessage::Hello(hello))) => {
@@ -92,14 +112,21 @@ async fn hello_carries_our_version_and_name() {
         }
         daemon.send(welcome(PROTOCOL_MAJOR)).await.unwrap();
     };
-    let options = ConnectOptions { client_name: "tester".into(), ..options() };
+    let options = ConnectOptions {
+        client_name: "tester".into(),
+        ..options()
+    };
     let (client, ()) = tokio::join!(Client::from_stream(ours, &options), script);
     assert_eq!(client.unwrap().daemon().max_frame_bytes, 1024);
 }
 
 #[tokio::test]
 async fn version_mismatch_error_from_the_daemon() {
-    let refusal = ErrorEvent { id: None, kind: ErrorKind::VersionMismatch, message: "daemon speaks 2.0".into() };
+    let refusal = ErrorEvent {
+        id: None,
+        kind: ErrorKind::VersionMismatch,
+        message: "daemon speaks 2.0".into(),
+    };
     match refused_with(Some(ServerMessage::Error(refusal))).await {
         ClientError::VersionMismatch { client, daemon } => {
             assert_eq!(client, (PROTOCOL_MAJOR, PROTOCOL_MINOR));
@@ -113,7 +140,10 @@ async fn version_mismatch_error_from_the_daemon() {
 async fn welcome_of_another_major_is_a_mismatch() {
     match refused_with(Some(welcome(PROTOCOL_MAJOR + 1))).await {
         ClientError::VersionMismatch { daemon, .. } => {
-            assert!(daemon.contains(&format!("{}.0", PROTOCOL_MAJOR + 1)), "{daemon}")
+            assert!(
+                daemon.contains(&format!("{}.0", PROTOCOL_MAJOR + 1)),
+                "{daemon}"
+            )
         }
         other => panic!("expected VersionMismatch, got {other:?}"),
     }
@@ -121,18 +151,27 @@ async fn welcome_of_another_major_is_a_mismatch() {
 
 #[tokio::test]
 async fn daemon_closing_during_the_handshake_is_a_disconnect() {
-    assert!(matches!(refused_with(None).await, ClientError::Disconnected));
+    assert!(matches!(
+        refused_with(None).await,
+        ClientError::Disconnected
+    ));
 }
 
 #[tokio::test]
 async fn anything_but_welcome_is_a_protocol_error() {
-    assert!(matches!(refused_with(Some(done(1))).await, ClientError::Protocol(_)));
+    assert!(matches!(
+        refused_with(Some(done(1))).await,
+        ClientError::Protocol(_)
+    ));
 }
 
 #[tokio::test]
 async fn silent_daemon_times_out() {
     let (ours, _theirs) = UnixStream::pair().unwrap();
-    let options = ConnectOptions { handshake_timeout: Duration::from_millis(50), ..options() };
+    let options = ConnectOptions {
+        handshake_timeout: Duration::from_millis(50),
+        ..options()
+    };
     match Client::from_stream(ours, &options).await {
         Err(ClientError::Protocol(message)) => assert!(message.contains("handshake"), "{message}"),
         other => panic!("expected a handshake timeout, got {other:?}"),
@@ -145,14 +184,27 @@ async fn frames_are_routed_by_id_and_strays_are_dropped() {
     let mut a = client.generate(request(1)).await.unwrap();
     let mut b = client.generate(request(2)).await.unwrap();
     for _ in 0..2 {
-        assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Generate(_)))));
+        assert!(matches!(
+            daemon.next().await,
+            Some(Ok(ClientMessage::Generate(_)))
+        ));
     }
-    for frame in [token(2, 0), token(99, 0), token(1, 0), done(99), token(2, 1), done(1), done(2)] {
+    for frame in [
+        token(2, 0),
+        token(99, 0),
+        token(1, 0),
+        done(99),
+        token(2, 1),
+        done(1),
+        done(2),
+    ] {
         daemon.send(frame).await.unwrap();
     }
     let a_events: Vec<_> = (&mut a).map(Result::unwrap).collect().await;
     let b_events: Vec<_> = (&mut b).map(Result::unwrap).collect().await;
-    assert!(matches!(a_events.as_slice(), [GenerationEvent::Token(t), GenerationEvent::Done(d)] if t.id == 1 && d.id == 1));
+    assert!(
+        matches!(a_events.as_slice(), [GenerationEvent::Token(t), GenerationEvent::Done(d)] if t.id == 1 && d.id == 1)
+    );
     assert!(matches!(
         b_events.as_slice(),
         [GenerationEvent::Token(t0), GenerationEvent::Token(t1), GenerationEvent::Done(d)]
@@ -168,9 +220,19 @@ async fn connection_error_reaches_every_waiter_and_later_calls() {
         let client = client.clone();
         tokio::spawn(async move { client.status().await })
     };
-    assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Generate(_)))));
-    assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Status { .. }))));
-    let shutdown = ErrorEvent { id: None, kind: ErrorKind::ShuttingDown, message: "bye".into() };
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::Generate(_)))
+    ));
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::Status { .. }))
+    ));
+    let shutdown = ErrorEvent {
+        id: None,
+        kind: ErrorKind::ShuttingDown,
+        message: "bye".into(),
+    };
     daemon.send(ServerMessage::Error(shutdown)).await.unwrap();
     drop(daemon);
 
@@ -187,10 +249,19 @@ async fn eof_fails_pending_requests_with_disconnected() {
     assert!(daemon.next().await.is_some());
     daemon.send(token(1, 0)).await.unwrap();
     drop(daemon);
-    assert!(matches!(generation.next().await, Some(Ok(GenerationEvent::Token(_)))));
-    assert!(matches!(generation.next().await, Some(Err(ClientError::Disconnected))));
+    assert!(matches!(
+        generation.next().await,
+        Some(Ok(GenerationEvent::Token(_)))
+    ));
+    assert!(matches!(
+        generation.next().await,
+        Some(Err(ClientError::Disconnected))
+    ));
     assert!(generation.next().await.is_none());
-    assert!(matches!(client.jobs(1).await, Err(ClientError::Disconnected)));
+    assert!(matches!(
+        client.jobs(1).await,
+        Err(ClientError::Disconnected)
+    ));
 }
 
 #[tokio::test]
@@ -205,7 +276,10 @@ async fn dropping_an_unfinished_generation_sends_cancel_and_a_finished_one_does_
     let unfinished = client.generate(request(2)).await.unwrap();
     assert!(daemon.next().await.is_some());
     drop(unfinished);
-    assert_eq!(daemon.next().await.unwrap().unwrap(), ClientMessage::Cancel { id: 2 });
+    assert_eq!(
+        daemon.next().await.unwrap().unwrap(),
+        ClientMessage::Cancel { id: 2 }
+    );
     // Late frames for the dropped generation are ignored, and the id is free again.
     daemon.send(token(2, 0)).await.unwrap();
     daemon.send(done(2)).await.unwrap();
@@ -221,8 +295,17 @@ async fn a_mistyped_reply_is_a_protocol_error() {
         Some(Ok(ClientMessage::Status { id })) => id,
         other => panic!("expected Status, got {other:?}"),
     };
-    daemon.send(ServerMessage::Models { id, models: Vec::new() }).await.unwrap();
-    assert!(matches!(status.await.unwrap(), Err(ClientError::Protocol(_))));
+    daemon
+        .send(ServerMessage::Models {
+            id,
+            models: Vec::new(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        status.await.unwrap(),
+        Err(ClientError::Protocol(_))
+    ));
 }
 
 #[tokio::test]
@@ -262,7 +345,10 @@ async fn queries_skip_ids_taken_by_caller_chosen_generations() {
                     tokens_generated: 0,
                     prompt_tokens_processed: 0,
                 };
-                daemon.send(ServerMessage::Status { id, status: report }).await.unwrap();
+                daemon
+                    .send(ServerMessage::Status { id, status: report })
+                    .await
+                    .unwrap();
             }
             other => panic!("unexpected {other:?}"),
         }

@@ -47,7 +47,10 @@ pub struct MessageCodec<In, Out> {
 
 impl<In, Out> MessageCodec<In, Out> {
     pub fn new(max_frame_bytes: usize) -> Self {
-        Self { max_frame_bytes, _types: PhantomData }
+        Self {
+            max_frame_bytes,
+            _types: PhantomData,
+        }
     }
 
     pub fn max_frame_bytes(&self) -> usize {
@@ -57,7 +60,9 @@ impl<In, Out> MessageCodec<In, Out> {
 
 impl<In, Out> std::fmt::Debug for MessageCodec<In, Out> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MessageCodec").field("max_frame_bytes", &self.max_frame_bytes).finish()
+        f.debug_struct("MessageCodec")
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .finish()
     }
 }
 
@@ -73,7 +78,10 @@ impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
         }
         let len = (&src[..HEADER_BYTES]).get_u32() as usize;
         if len > self.max_frame_bytes {
-            return Err(CodecError::FrameTooLarge { len, max: self.max_frame_bytes });
+            return Err(CodecError::FrameTooLarge {
+                len,
+                max: self.max_frame_bytes,
+            });
         }
         let total = HEADER_BYTES + len;
         if src.len() < total {
@@ -101,13 +109,19 @@ pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecErr
     let (message, rest) =
         postcard::take_from_bytes(payload).map_err(|e| CodecError::BadFrame(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(CodecError::BadFrame(format!("{} trailing bytes after the message", rest.len())));
+        return Err(CodecError::BadFrame(format!(
+            "{} trailing bytes after the message",
+            rest.len()
+        )));
     }
     Ok(message)
 }
 
 /// Appends one complete frame (prefix and payload) for `message` to `dst`.
-pub fn encode_frame<T: Serialize + ?Sized>(message: &T, dst: &mut BytesMut) -> Result<(), CodecError> {
+pub fn encode_frame<T: Serialize + ?Sized>(
+    message: &T,
+    dst: &mut BytesMut,
+) -> Result<(), CodecError> {
     let payload = postcard::to_allocvec(message).map_err(|e| CodecError::Encode(e.to_string()))?;
     let len = u32::try_from(payload.len())
         .map_err(|_| CodecError::Encode(format!("{} bytes do not fit a frame", payload.len())))?;
@@ -125,7 +139,11 @@ mod tests {
     type ServerSide = MessageCodec<ClientMessage, ServerMessage>;
 
     fn hello() -> ClientMessage {
-        ClientMessage::Hello(Hello { major: 1, minor: 0, client: "test".into() })
+        ClientMessage::Hello(Hello {
+            major: 1,
+            minor: 0,
+            client: "test".into(),
+        })
     }
 
     fn frame_of(message: &ClientMessage) -> BytesMut {
@@ -140,9 +158,14 @@ mod tests {
         let mut server = ServerSide::new(1024);
         let mut buf = BytesMut::new();
         client.encode(hello(), &mut buf).unwrap();
-        client.encode(ClientMessage::Cancel { id: 7 }, &mut buf).unwrap();
+        client
+            .encode(ClientMessage::Cancel { id: 7 }, &mut buf)
+            .unwrap();
         assert_eq!(server.decode(&mut buf).unwrap(), Some(hello()));
-        assert_eq!(server.decode(&mut buf).unwrap(), Some(ClientMessage::Cancel { id: 7 }));
+        assert_eq!(
+            server.decode(&mut buf).unwrap(),
+            Some(ClientMessage::Cancel { id: 7 })
+        );
         assert_eq!(server.decode(&mut buf).unwrap(), None);
         assert!(buf.is_empty());
     }
@@ -159,17 +182,33 @@ mod tests {
     fn partial_frames_wait_for_more_bytes() {
         // Read as a header, the start of either payload announces far more than the
         // limit: decoding must never mistake payload bytes for a header.
-        let request = ClientMessage::Tokenize { id: 1, text: "some text".into(), special: false };
+        let request = ClientMessage::Tokenize {
+            id: 1,
+            text: "some text".into(),
+            special: false,
+        };
         for message in [hello(), request] {
             let full = frame_of(&message);
             for cut in 0..full.len() {
                 let mut codec = ServerSide::new(1024);
                 let mut buf = BytesMut::from(&full[..cut]);
                 // Polled repeatedly while bytes trickle in, as a framed reader does.
-                assert_eq!(codec.decode(&mut buf).unwrap(), None, "prefix of {cut} bytes");
-                assert_eq!(codec.decode(&mut buf).unwrap(), None, "prefix of {cut} bytes, again");
+                assert_eq!(
+                    codec.decode(&mut buf).unwrap(),
+                    None,
+                    "prefix of {cut} bytes"
+                );
+                assert_eq!(
+                    codec.decode(&mut buf).unwrap(),
+                    None,
+                    "prefix of {cut} bytes, again"
+                );
                 buf.extend_from_slice(&full[cut..]);
-                assert_eq!(codec.decode(&mut buf).unwrap(), Some(message.clone()), "cut at {cut}");
+                assert_eq!(
+                    codec.decode(&mut buf).unwrap(),
+                    Some(message.clone()),
+                    "cut at {cut}"
+                );
                 assert!(buf.is_empty());
             }
         }
@@ -196,7 +235,10 @@ mod tests {
         assert_eq!(codec.decode(&mut buf).unwrap(), Some(hello()));
         let mut codec = ServerSide::new(frame.len() - HEADER_BYTES - 1);
         let mut buf = frame;
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::FrameTooLarge { .. })));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::FrameTooLarge { .. })
+        ));
     }
 
     #[test]
@@ -205,7 +247,10 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32(3);
         buf.extend_from_slice(&[0xff, 0xff, 0xff]);
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::BadFrame(_))));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::BadFrame(_))
+        ));
     }
 
     #[test]
@@ -216,7 +261,10 @@ mod tests {
         buf.put_u32(payload.len() as u32);
         buf.extend_from_slice(&payload);
         let mut codec = ServerSide::new(1024);
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::BadFrame(_))));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::BadFrame(_))
+        ));
     }
 
     #[test]
@@ -224,14 +272,21 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32(0);
         let mut codec = ServerSide::new(1024);
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::BadFrame(_))));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::BadFrame(_))
+        ));
     }
 
     #[test]
     fn encoder_is_not_bound_by_the_decode_limit() {
         // The limit protects the receiver; a large reply is the client's to accept.
         let mut codec = MessageCodec::<ClientMessage, ClientMessage>::new(8);
-        let big = ClientMessage::Tokenize { id: 1, text: "x".repeat(100), special: false };
+        let big = ClientMessage::Tokenize {
+            id: 1,
+            text: "x".repeat(100),
+            special: false,
+        };
         let mut buf = BytesMut::new();
         codec.encode(big.clone(), &mut buf).unwrap();
         let mut reader = MessageCodec::<ClientMessage, ClientMessage>::new(1024);

@@ -27,7 +27,10 @@ pub async fn start(socket: &Path, model: Option<&str>) -> anyhow::Result<Client>
     let (mut child, log_start) = spawn(&sparkd, socket, model, &log_path)?;
     let mut spinner = Spinner::new(output::stderr_is_tty());
     let started = Instant::now();
-    let log = LogFile { path: log_path, start: log_start };
+    let log = LogFile {
+        path: log_path,
+        start: log_start,
+    };
     let result = wait_until_ready(socket, &mut child, &log, started, &mut spinner).await;
     spinner.clear();
     result
@@ -94,9 +97,14 @@ fn spawn(
     if let Some(model) = model {
         command.arg("--model").arg(model);
     }
-    command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
     detach(&mut command);
-    let child = command.spawn().with_context(|| format!("cannot start {}", sparkd.display()))?;
+    let child = command
+        .spawn()
+        .with_context(|| format!("cannot start {}", sparkd.display()))?;
     Ok((child, start))
 }
 
@@ -130,7 +138,10 @@ async fn wait_until_ready(
                 if matches!(child.try_wait(), Ok(None)) {
                     let pid_file = pid_path(socket);
                     if let Err(err) = fs::write(&pid_file, format!("{}\n", child.id())) {
-                        output::error_line(&format!("spark: cannot write {}: {err}", pid_file.display()));
+                        output::error_line(&format!(
+                            "spark: cannot write {}: {err}",
+                            pid_file.display()
+                        ));
                     }
                 }
                 return Ok(client);
@@ -166,11 +177,16 @@ async fn wait_until_ready(
 /// The last `lines` lines written at or after byte `start`.
 fn log_tail(path: &Path, start: u64, lines: usize) -> String {
     let bytes = fs::read(path).unwrap_or_default();
-    let from = usize::try_from(start).unwrap_or(usize::MAX).min(bytes.len());
+    let from = usize::try_from(start)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
     let text = String::from_utf8_lossy(&bytes[from..]);
     let all: Vec<&str> = text.lines().collect();
     let tail = &all[all.len().saturating_sub(lines)..];
-    tail.iter().map(|line| format!("  {line}")).collect::<Vec<_>>().join("\n")
+    tail.iter()
+        .map(|line| format!("  {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// "loading model…" with a spinner on a terminal; nothing otherwise.
@@ -184,7 +200,11 @@ impl Spinner {
     const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
     fn new(enabled: bool) -> Self {
-        Self { enabled, frame: 0, shown: false }
+        Self {
+            enabled,
+            frame: 0,
+            shown: false,
+        }
     }
 
     fn tick(&mut self, elapsed: Duration) {
@@ -211,7 +231,10 @@ mod tests {
 
     #[test]
     fn pid_file_sits_next_to_the_socket() {
-        assert_eq!(pid_path(Path::new("/run/user/1/sparkd/sparkd.sock")), Path::new("/run/user/1/sparkd/sparkd.sock.pid"));
+        assert_eq!(
+            pid_path(Path::new("/run/user/1/sparkd/sparkd.sock")),
+            Path::new("/run/user/1/sparkd/sparkd.sock.pid")
+        );
     }
 
     #[test]

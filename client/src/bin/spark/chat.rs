@@ -64,7 +64,9 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         }
 
         turns.push(ChatMessage::new("user", text));
-        let request = args.request.request(client.next_request_id(), args.request.chat(&turns));
+        let request = args
+            .request
+            .request(client.next_request_id(), args.request.chat(&turns));
         let answer = match client.generate(request).await {
             Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
             Err(err) => Err(err.into()),

@@ -53,9 +53,9 @@ fn hint(err: &ClientError, autostart: Autostart, global: &Global) -> Option<&'st
         ClientError::DaemonNotRunning { .. } if autostart == Autostart::Never => {
             Some("`spark run` starts it, or start it yourself with `sparkd serve`")
         }
-        ClientError::DaemonNotRunning { .. } if !autostart_enabled(global) => {
-            Some("auto-start is off (--no-start or SPARKD_NO_AUTOSTART); start it with `sparkd serve`")
-        }
+        ClientError::DaemonNotRunning { .. } if !autostart_enabled(global) => Some(
+            "auto-start is off (--no-start or SPARKD_NO_AUTOSTART); start it with `sparkd serve`",
+        ),
         ClientError::Connect { source, .. } if source.kind() == io::ErrorKind::PermissionDenied => {
             Some("the system daemon admits members of the `sparkd` group")
         }

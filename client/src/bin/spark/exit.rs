@@ -37,11 +37,16 @@ pub fn report(err: anyhow::Error) -> ExitCode {
 }
 
 fn code_for(err: &anyhow::Error) -> u8 {
-    let client = err
-        .downcast_ref::<ClientError>()
-        .or_else(|| err.downcast_ref::<crate::connect::Hinted>().map(|hinted| &hinted.error));
+    let client = err.downcast_ref::<ClientError>().or_else(|| {
+        err.downcast_ref::<crate::connect::Hinted>()
+            .map(|hinted| &hinted.error)
+    });
     if let Some(client) = client {
-        return if client.is_unavailable() { UNAVAILABLE } else { REQUEST_FAILED };
+        return if client.is_unavailable() {
+            UNAVAILABLE
+        } else {
+            REQUEST_FAILED
+        };
     }
     if err.downcast_ref::<Unavailable>().is_some() {
         return UNAVAILABLE;
@@ -53,8 +58,11 @@ fn code_for(err: &anyhow::Error) -> u8 {
 }
 
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain()
-        .any(|cause| cause.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe))
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    })
 }
 
 #[cfg(test)]
@@ -64,19 +72,28 @@ mod tests {
 
     #[test]
     fn errors_map_to_documented_codes() {
-        let busy: ClientError = ErrorEvent { id: Some(1), kind: ErrorKind::Busy, message: String::new() }.into();
+        let busy: ClientError = ErrorEvent {
+            id: Some(1),
+            kind: ErrorKind::Busy,
+            message: String::new(),
+        }
+        .into();
         assert_eq!(code_for(&busy.into()), REQUEST_FAILED);
         assert_eq!(code_for(&ClientError::Disconnected.into()), UNAVAILABLE);
         assert_eq!(code_for(&Unavailable("x".into()).into()), UNAVAILABLE);
         assert_eq!(code_for(&Usage("x".into()).into()), USAGE);
         assert_eq!(code_for(&anyhow::anyhow!("other")), FAILURE);
-        let hinted = crate::connect::Hinted { error: ClientError::Disconnected, hint: "h" };
+        let hinted = crate::connect::Hinted {
+            error: ClientError::Disconnected,
+            hint: "h",
+        };
         assert_eq!(code_for(&hinted.into()), UNAVAILABLE);
     }
 
     #[test]
     fn broken_pipe_is_recognised_through_context() {
-        let err = anyhow::Error::from(io::Error::from(io::ErrorKind::BrokenPipe)).context("writing");
+        let err =
+            anyhow::Error::from(io::Error::from(io::ErrorKind::BrokenPipe)).context("writing");
         assert!(is_broken_pipe(&err));
         assert!(!is_broken_pipe(&anyhow::anyhow!("nope")));
     }

@@ -5,12 +5,21 @@ use spark_client::protocol::{DoneEvent, FinishReason, JobRecord, StatusReport};
 /// `33.5 tok/s · 60 tokens · 1.8 s to first token`, plus the finish reason when the
 /// generation did not end normally.
 pub fn stats_line(done: &DoneEvent) -> String {
-    let tps = done.timings.decode_tps.map_or_else(|| "—".to_owned(), |tps| format!("{tps:.1}"));
+    let tps = done
+        .timings
+        .decode_tps
+        .map_or_else(|| "—".to_owned(), |tps| format!("{tps:.1}"));
     let tokens = done.usage.completion_tokens;
     let noun = if tokens == 1 { "token" } else { "tokens" };
-    let ttft = done.timings.ttft_ms.map_or_else(|| "—".to_owned(), |ms| format!("{:.1}", ms / 1000.0));
+    let ttft = done
+        .timings
+        .ttft_ms
+        .map_or_else(|| "—".to_owned(), |ms| format!("{:.1}", ms / 1000.0));
     let mut line = format!("{tps} tok/s · {tokens} {noun} · {ttft} s to first token");
-    if !matches!(done.finish_reason, FinishReason::Stop | FinishReason::Length) {
+    if !matches!(
+        done.finish_reason,
+        FinishReason::Stop | FinishReason::Length
+    ) {
         line.push_str(" · ");
         line.push_str(done.finish_reason.as_str());
     }
@@ -20,7 +29,9 @@ pub fn stats_line(done: &DoneEvent) -> String {
 /// The `spark jobs` table, newest first as given. `now_ms` is the current Unix time in
 /// milliseconds, for the WHEN column.
 pub fn jobs_table(jobs: &[JobRecord], now_ms: u64) -> String {
-    let header = ["ID", "WHEN", "PID", "IN", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE"];
+    let header = [
+        "ID", "WHEN", "PID", "IN", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE",
+    ];
     // Text columns are left-aligned, figures right-aligned.
     let right = [true, true, true, true, true, true, true, false, false];
     let rows: Vec<[String; 9]> = jobs
@@ -33,11 +44,16 @@ pub fn jobs_table(jobs: &[JobRecord], now_ms: u64) -> String {
                     0 => "-".to_owned(),
                     finished => ago(now_ms.saturating_sub(finished)),
                 },
-                job.client_pid.map_or_else(|| "-".to_owned(), |pid| pid.to_string()),
+                job.client_pid
+                    .map_or_else(|| "-".to_owned(), |pid| pid.to_string()),
                 format!("{estimate}{}", job.usage.prompt_tokens),
                 format!("{estimate}{}", job.usage.completion_tokens),
-                job.timings.ttft_ms.map_or_else(|| "-".to_owned(), duration_ms),
-                job.timings.decode_tps.map_or_else(|| "-".to_owned(), |tps| format!("{estimate}{tps:.1}")),
+                job.timings
+                    .ttft_ms
+                    .map_or_else(|| "-".to_owned(), duration_ms),
+                job.timings
+                    .decode_tps
+                    .map_or_else(|| "-".to_owned(), |tps| format!("{estimate}{tps:.1}")),
                 job.finish_reason.as_str().to_owned(),
                 job.engine.clone(),
             ]
@@ -95,7 +111,10 @@ pub fn status_text(status: &StatusReport) -> String {
         ("backend", format!("{} · {}", status.backend, status.device)),
         ("memory", mib(status.resident_bytes)),
         ("uptime", uptime(status.uptime_s)),
-        ("requests", format!("{} running · {} queued", status.running, status.queued)),
+        (
+            "requests",
+            format!("{} running · {} queued", status.running, status.queued),
+        ),
         (
             "kv cache",
             format!(
@@ -112,8 +131,16 @@ pub fn status_text(status: &StatusReport) -> String {
         ),
         ("version", format!("sparkd {}", status.daemon_version)),
     ];
-    let width = lines.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
-    lines.iter().map(|(label, value)| format!("{label:<width$}  {value}")).collect::<Vec<_>>().join("\n")
+    let width = lines
+        .iter()
+        .map(|(label, _)| label.len())
+        .max()
+        .unwrap_or(0);
+    lines
+        .iter()
+        .map(|(label, value)| format!("{label:<width$}  {value}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `250ms` below a second, `1.8s` above.
@@ -154,8 +181,17 @@ pub fn count(n: u64) -> String {
 
 /// `1h 02m 03s`, `4m 05s`, `12s`.
 pub fn uptime(seconds: f64) -> String {
-    let total = if seconds.is_finite() && seconds > 0.0 { seconds as u64 } else { 0 };
-    let (d, h, m, s) = (total / 86_400, total / 3600 % 24, total / 60 % 60, total % 60);
+    let total = if seconds.is_finite() && seconds > 0.0 {
+        seconds as u64
+    } else {
+        0
+    };
+    let (d, h, m, s) = (
+        total / 86_400,
+        total / 3600 % 24,
+        total / 60 % 60,
+        total % 60,
+    );
     if d > 0 {
         format!("{d}d {h:02}h {m:02}m")
     } else if h > 0 {
@@ -172,12 +208,24 @@ mod tests {
     use super::*;
     use spark_client::protocol::{ModelInfo, Timings, Usage};
 
-    fn done(tps: Option<f64>, tokens: u32, ttft_ms: Option<f64>, reason: FinishReason) -> DoneEvent {
+    fn done(
+        tps: Option<f64>,
+        tokens: u32,
+        ttft_ms: Option<f64>,
+        reason: FinishReason,
+    ) -> DoneEvent {
         DoneEvent {
             id: 1,
             finish_reason: reason,
-            usage: Usage { prompt_tokens: 10, completion_tokens: tokens },
-            timings: Timings { ttft_ms, decode_tps: tps, ..Timings::default() },
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: tokens,
+            },
+            timings: Timings {
+                ttft_ms,
+                decode_tps: tps,
+                ..Timings::default()
+            },
         }
     }
 
@@ -207,8 +255,15 @@ mod tests {
             engine: "sparkd".into(),
             started_unix_ms: finished_unix_ms - 100,
             finished_unix_ms,
-            usage: Usage { prompt_tokens: 1234, completion_tokens: 60 },
-            timings: Timings { ttft_ms: Some(250.0), decode_tps: Some(33.46), ..Timings::default() },
+            usage: Usage {
+                prompt_tokens: 1234,
+                completion_tokens: 60,
+            },
+            timings: Timings {
+                ttft_ms: Some(250.0),
+                decode_tps: Some(33.46),
+                ..Timings::default()
+            },
             finish_reason: FinishReason::Stop,
             estimated,
         }
@@ -217,12 +272,21 @@ mod tests {
     #[test]
     fn jobs_table_aligns_columns_and_marks_estimates() {
         let now = 10_000_000;
-        let table = jobs_table(&[job(12, false, now - 5_000), job(7, true, now - 7_200_000)], now);
+        let table = jobs_table(
+            &[job(12, false, now - 5_000), job(7, true, now - 7_200_000)],
+            now,
+        );
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("ID"));
-        for column in ["WHEN", "PID", "IN", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE"] {
-            assert!(lines[0].contains(column), "header lacks {column}: {}", lines[0]);
+        for column in [
+            "WHEN", "PID", "IN", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE",
+        ] {
+            assert!(
+                lines[0].contains(column),
+                "header lacks {column}: {}",
+                lines[0]
+            );
         }
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),

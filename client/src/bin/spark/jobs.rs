@@ -28,7 +28,9 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             output::out_line(&json::line(&json::Job::from(job)))?;
         }
     } else {
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         output::out_line(&format::jobs_table(&jobs, now_ms))?;
         if jobs.iter().any(|job| job.estimated) {
             output::dim_line("~ estimated");

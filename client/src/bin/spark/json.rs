@@ -31,7 +31,11 @@ pub enum Event<'a> {
 
 impl<'a> Event<'a> {
     pub fn token(event: &'a TokenEvent) -> Self {
-        Event::Token { id: event.id, token: event.token, text: &event.text }
+        Event::Token {
+            id: event.id,
+            token: event.token,
+            text: &event.text,
+        }
     }
 
     pub fn done(event: &'a DoneEvent) -> Self {
@@ -44,7 +48,11 @@ impl<'a> Event<'a> {
     }
 
     pub fn error(id: Option<u64>, err: &ClientError) -> Self {
-        Event::Error { id, kind: error_kind(err), message: err.to_string() }
+        Event::Error {
+            id,
+            kind: error_kind(err),
+            message: err.to_string(),
+        }
     }
 }
 
@@ -109,13 +117,27 @@ mod tests {
 
     #[test]
     fn token_and_done_lines() {
-        let token = TokenEvent { id: 3, token: 42, text: "hi\n".into(), logprobs: None };
-        assert_eq!(line(&Event::token(&token)), r#"{"type":"token","id":3,"token":42,"text":"hi\n"}"#);
+        let token = TokenEvent {
+            id: 3,
+            token: 42,
+            text: "hi\n".into(),
+            logprobs: None,
+        };
+        assert_eq!(
+            line(&Event::token(&token)),
+            r#"{"type":"token","id":3,"token":42,"text":"hi\n"}"#
+        );
         let done = DoneEvent {
             id: 3,
             finish_reason: FinishReason::Stop,
-            usage: Usage { prompt_tokens: 5, completion_tokens: 1 },
-            timings: Timings { ttft_ms: Some(12.5), ..Timings::default() },
+            usage: Usage {
+                prompt_tokens: 5,
+                completion_tokens: 1,
+            },
+            timings: Timings {
+                ttft_ms: Some(12.5),
+                ..Timings::default()
+            },
         };
         let value: serde_json::Value = serde_json::from_str(&line(&Event::done(&done))).unwrap();
         assert_eq!(value["type"], "done");
@@ -131,7 +153,8 @@ mod tests {
             kind: spark_client::protocol::ErrorKind::ContextOverflow,
             message: "too long".into(),
         };
-        let value: serde_json::Value = serde_json::from_str(&line(&Event::error(Some(1), &err))).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_str(&line(&Event::error(Some(1), &err))).unwrap();
         assert_eq!(value["type"], "error");
         assert_eq!(value["kind"], "context_overflow");
         assert_eq!(value["id"], 1);

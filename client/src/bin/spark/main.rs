@@ -21,7 +21,11 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "spark", version, about = "Run prompts on the resident sparkd daemon")]
+#[command(
+    name = "spark",
+    version,
+    about = "Run prompts on the resident sparkd daemon"
+)]
 struct Cli {
     #[command(flatten)]
     global: Global,
@@ -63,7 +67,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => return exit::report(err.into()),
     };

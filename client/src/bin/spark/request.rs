@@ -49,8 +49,13 @@ impl RequestArgs {
 
     /// The conversation so far, behind the system message if one was given.
     pub fn chat(&self, turns: &[ChatMessage]) -> PromptInput {
-        let system = self.system.iter().map(|text| ChatMessage::new("system", text.clone()));
-        PromptInput::Chat { messages: system.chain(turns.iter().cloned()).collect() }
+        let system = self
+            .system
+            .iter()
+            .map(|text| ChatMessage::new("system", text.clone()));
+        PromptInput::Chat {
+            messages: system.chain(turns.iter().cloned()).collect(),
+        }
     }
 
     pub fn request(&self, id: u64, input: PromptInput) -> GenerateRequest {
@@ -89,16 +94,47 @@ mod tests {
     #[test]
     fn flags_reach_the_request() {
         let args = parse(&[
-            "--temperature", "0.7", "--top-p", "0.9", "--top-k", "40", "--min-p", "0.05",
-            "--repeat-penalty", "1.1", "--seed", "7", "--stop", "\n\n", "--stop", "END",
-            "--max-tokens", "32",
+            "--temperature",
+            "0.7",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--min-p",
+            "0.05",
+            "--repeat-penalty",
+            "1.1",
+            "--seed",
+            "7",
+            "--stop",
+            "\n\n",
+            "--stop",
+            "END",
+            "--max-tokens",
+            "32",
         ]);
-        let request = args.request(3, PromptInput::Raw { text: "x".into(), special: true });
+        let request = args.request(
+            3,
+            PromptInput::Raw {
+                text: "x".into(),
+                special: true,
+            },
+        );
         assert_eq!(request.id, 3);
         assert_eq!(request.max_tokens, Some(32));
         assert_eq!(request.stop, ["\n\n", "END"]);
         let s = request.sampling;
-        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty, s.seed), (0.7, 0.9, 40, 0.05, 1.1, Some(7)));
+        assert_eq!(
+            (
+                s.temperature,
+                s.top_p,
+                s.top_k,
+                s.min_p,
+                s.repeat_penalty,
+                s.seed
+            ),
+            (0.7, 0.9, 40, 0.05, 1.1, Some(7))
+        );
     }
 
     #[test]
@@ -107,6 +143,12 @@ mod tests {
         let PromptInput::Chat { messages } = args.chat(&[ChatMessage::new("user", "hi")]) else {
             panic!("expected a chat input");
         };
-        assert_eq!(messages, [ChatMessage::new("system", "be brief"), ChatMessage::new("user", "hi")]);
+        assert_eq!(
+            messages,
+            [
+                ChatMessage::new("system", "be brief"),
+                ChatMessage::new("user", "hi")
+            ]
+        );
     }
 }

@@ -42,18 +42,27 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     };
 
     let input = if args.raw {
-        PromptInput::Raw { text: prompt, special: true }
+        PromptInput::Raw {
+            text: prompt,
+            special: true,
+        }
     } else {
         args.request.chat(&[ChatMessage::new("user", prompt)])
     };
-    let generation = client.generate(args.request.request(client.next_request_id(), input)).await?;
+    let generation = client
+        .generate(args.request.request(client.next_request_id(), input))
+        .await?;
     let mode = if args.json { Mode::Json } else { Mode::Text };
     let outcome = stream::stream(generation, mode, &mut interrupts).await?;
 
     if let (Mode::Text, Some(done)) = (mode, &outcome.done) {
         output::dim_line(&format::stats_line(done));
     }
-    Ok(exit::code(if outcome.interrupted { exit::INTERRUPTED } else { exit::OK }))
+    Ok(exit::code(if outcome.interrupted {
+        exit::INTERRUPTED
+    } else {
+        exit::OK
+    }))
 }
 
 fn read_prompt(arg: Option<&str>) -> anyhow::Result<String> {
@@ -65,8 +74,11 @@ fn read_prompt(arg: Option<&str>) -> anyhow::Result<String> {
                 output::error_line("reading the prompt from stdin (end it with Ctrl-D)");
             }
             let mut bytes = Vec::new();
-            stdin.read_to_end(&mut bytes).context("cannot read the prompt from stdin")?;
-            String::from_utf8(bytes).map_err(|_| Usage("the prompt on stdin is not UTF-8".into()))?
+            stdin
+                .read_to_end(&mut bytes)
+                .context("cannot read the prompt from stdin")?;
+            String::from_utf8(bytes)
+                .map_err(|_| Usage("the prompt on stdin is not UTF-8".into()))?
         }
     };
     if prompt.trim().is_empty() {

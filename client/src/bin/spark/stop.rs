@@ -19,7 +19,9 @@ pub async fn run(global: &Global) -> anyhow::Result<ExitCode> {
     let socket = resolve_socket_path(global.socket.as_deref());
     let pid_file = pid_path(&socket);
     let pid = match fs::read_to_string(&pid_file) {
-        Ok(text) => parse_pid(&text).with_context(|| format!("{} holds no pid", pid_file.display()))?,
+        Ok(text) => {
+            parse_pid(&text).with_context(|| format!("{} holds no pid", pid_file.display()))?
+        }
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
             if Client::connect(&socket).await.is_ok() {
                 bail!(
@@ -45,7 +47,10 @@ pub async fn run(global: &Global) -> anyhow::Result<ExitCode> {
     let deadline = Instant::now() + STOP_TIMEOUT;
     while is_alive(pid) {
         if Instant::now() > deadline {
-            bail!("sparkd (pid {pid}) did not stop within {} s", STOP_TIMEOUT.as_secs());
+            bail!(
+                "sparkd (pid {pid}) did not stop within {} s",
+                STOP_TIMEOUT.as_secs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -62,12 +67,14 @@ fn parse_pid(text: &str) -> Option<i32> {
 
 fn is_sparkd(pid: i32) -> bool {
     is_alive(pid)
-        && fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim_end() == "sparkd")
+        && fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim_end() == "sparkd")
 }
 
 /// Running, as opposed to gone or a zombie waiting for its parent.
 fn is_alive(pid: i32) -> bool {
-    process_state(Path::new(&format!("/proc/{pid}/stat"))).is_some_and(|state| !matches!(state, 'Z' | 'X'))
+    process_state(Path::new(&format!("/proc/{pid}/stat")))
+        .is_some_and(|state| !matches!(state, 'Z' | 'X'))
 }
 
 /// The state letter of `/proc/<pid>/stat`, which follows the parenthesised command name

@@ -26,7 +26,11 @@ pub struct Outcome {
 
 /// Streams `generation` to its end. The first Ctrl-C asks the daemon to cancel and
 /// waits for the `Done`; a second one stops waiting (dropping the stream cancels too).
-pub async fn stream(mut generation: Generation, mode: Mode, interrupts: &mut Signal) -> anyhow::Result<Outcome> {
+pub async fn stream(
+    mut generation: Generation,
+    mode: Mode,
+    interrupts: &mut Signal,
+) -> anyhow::Result<Outcome> {
     let mut outcome = Outcome::default();
     loop {
         let event = tokio::select! {
@@ -63,7 +67,10 @@ pub async fn stream(mut generation: Generation, mode: Mode, interrupts: &mut Sig
                 match mode {
                     // Keep the error message off the line of a half-written answer.
                     Mode::Text => end_line(&outcome.text)?,
-                    Mode::Json => output::out_line(&json::line(&json::Event::error(Some(generation.id()), &err)))?,
+                    Mode::Json => output::out_line(&json::line(&json::Event::error(
+                        Some(generation.id()),
+                        &err,
+                    )))?,
                 }
                 return Err(err.into());
             }

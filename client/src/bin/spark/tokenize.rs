@@ -27,7 +27,9 @@ pub struct Args {
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let text = if args.text == "-" {
         let mut text = String::new();
-        io::stdin().read_to_string(&mut text).context("cannot read stdin")?;
+        io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read stdin")?;
         text
     } else {
         args.text
@@ -38,7 +40,11 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
         output::out_line(&serde_json::to_string(&ids)?)?;
     } else {
-        let width = tokens.iter().map(|t| t.id.to_string().len()).max().unwrap_or(1);
+        let width = tokens
+            .iter()
+            .map(|t| t.id.to_string().len())
+            .max()
+            .unwrap_or(1);
         for token in &tokens {
             // Debug formatting shows spaces, newlines and control bytes unambiguously.
             output::out_line(&format!("{:>width$}  {:?}", token.id, token.piece))?;
