@@ -240,6 +240,19 @@ impl Client {
     }
 
     fn send(&self, message: ClientMessage) -> Result<(), ClientError> {
+        // The daemon closes the connection on an oversized frame, and the error it sends
+        // may be lost while the rest of the frame is still being written: refuse here.
+        let limit = self.shared.welcome.max_frame_bytes as usize;
+        let size = postcard::experimental::serialized_size(&message)
+            .map_err(|e| ClientError::Protocol(format!("cannot encode the request: {e}")))?;
+        if size > limit {
+            return Err(ClientError::InvalidRequest {
+                kind: ErrorKind::FrameTooLarge,
+                message: format!(
+                    "the request takes {size} bytes; the daemon accepts at most {limit}"
+                ),
+            });
+        }
         self.shared
             .outgoing
             .send(message)

@@ -355,3 +355,33 @@ async fn queries_skip_ids_taken_by_caller_chosen_generations() {
     }
     assert_eq!(status.await.unwrap().unwrap(), 2.5);
 }
+
+#[tokio::test]
+async fn requests_over_the_daemons_frame_limit_are_refused_locally() {
+    // The scripted daemon announced a 1024-byte limit.
+    let (client, mut daemon) = connected().await;
+    let mut big = request(1);
+    big.input = PromptInput::Raw {
+        text: "x".repeat(2000),
+        special: false,
+    };
+    match client.generate(big).await {
+        Err(ClientError::InvalidRequest {
+            kind: ErrorKind::FrameTooLarge,
+            message,
+        }) => {
+            assert!(message.contains("1024"), "{message}")
+        }
+        other => panic!("expected FrameTooLarge, got {other:?}"),
+    }
+    assert!(matches!(
+        client.tokenize(&"y".repeat(2000), false).await,
+        Err(ClientError::InvalidRequest {
+            kind: ErrorKind::FrameTooLarge,
+            ..
+        })
+    ));
+    // Nothing was sent, the id is free and the connection still works.
+    let _small = client.generate(request(1)).await.unwrap();
+    assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Generate(r))) if r.id == 1));
+}

@@ -6,7 +6,10 @@ use std::{
 };
 
 use anyhow::Context;
-use spark_client::{protocol::ChatMessage, ClientError};
+use spark_client::{
+    protocol::{ChatMessage, ErrorKind},
+    ClientError,
+};
 use tokio::{
     signal::unix::{signal, SignalKind},
     sync::mpsc,
@@ -36,7 +39,9 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let mut lines = stdin_lines();
     let mut turns: Vec<ChatMessage> = Vec::new();
     if interactive {
-        output::dim_line("Ctrl-C stops an answer; Ctrl-D or /exit leaves.");
+        output::dim_line(
+            "Ctrl-C stops an answer; /clear forgets the conversation; Ctrl-D or /exit leaves.",
+        );
     }
 
     loop {
@@ -62,6 +67,11 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         if text == "/exit" || text == "/quit" {
             break;
         }
+        if text == "/clear" {
+            turns.clear();
+            output::dim_line("(conversation cleared)");
+            continue;
+        }
 
         turns.push(ChatMessage::new("user", text));
         let request = args
@@ -84,6 +94,9 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                 Some(client_err) if !client_err.is_unavailable() => {
                     turns.pop();
                     output::error_line(&format!("spark: {client_err}"));
+                    if client_err.kind() == Some(ErrorKind::ContextOverflow) {
+                        output::error_line("hint: /clear starts the conversation over");
+                    }
                 }
                 _ => return Err(err),
             },

@@ -51,7 +51,7 @@ pub struct Global {
 enum Command {
     /// Generate from one prompt; text to stdout, one stats line to stderr
     Run(run::Args),
-    /// Chat interactively (Ctrl-C stops an answer, Ctrl-D or /exit leaves)
+    /// Chat interactively (Ctrl-C stops an answer, /clear starts over, Ctrl-D or /exit leaves)
     Chat(chat::Args),
     /// List recent generations with their counts and timings
     Jobs(jobs::Args),

@@ -296,6 +296,24 @@ async fn queries() {
 }
 
 #[tokio::test]
+async fn the_client_keeps_to_the_announced_frame_limit() {
+    let server = TestServer::start_with(FakeEngine::new(Duration::ZERO), |c| {
+        c.max_frame_bytes = 4096
+    })
+    .await;
+    let client = server.client().await;
+    match client.tokenize(&"word ".repeat(2000), false).await {
+        Err(ClientError::InvalidRequest {
+            kind: ErrorKind::FrameTooLarge,
+            ..
+        }) => {}
+        other => panic!("expected FrameTooLarge, got {other:?}"),
+    }
+    // The connection survived: nothing oversized reached the daemon.
+    assert_eq!(client.tokenize("a b", false).await.unwrap().len(), 2);
+}
+
+#[tokio::test]
 async fn missing_or_stale_socket_is_daemon_not_running() {
     let dir = TempDir::new();
     let missing = dir.path().join("missing.sock");
