@@ -1,7 +1,29 @@
 //! Writing to the terminal without panicking: stdout errors are returned (a closed pipe
 //! ends the program quietly), stderr errors are ignored (there is nowhere left to say).
 
-use std::io::{self, IsTerminal, Write};
+use std::{
+    borrow::Cow,
+    io::{self, IsTerminal, Write},
+};
+
+pub fn stdout_is_tty() -> bool {
+    io::stdout().is_terminal()
+}
+
+/// Generated text made safe for a terminal: control characters other than newline and
+/// tab (escape sequences could recolour, retitle or rewrite the screen) become `�`.
+pub fn terminal_safe(text: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if text.chars().any(unsafe_char) {
+        Cow::Owned(
+            text.chars()
+                .map(|c| if unsafe_char(c) { '\u{fffd}' } else { c })
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(text)
+    }
+}
 
 pub fn stderr_is_tty() -> bool {
     io::stderr().is_terminal()
@@ -40,4 +62,19 @@ pub fn err_text(text: &str) {
     let mut stderr = io::stderr().lock();
     let _ = stderr.write_all(text.as_bytes());
     let _ = stderr.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_safe_replaces_control_characters_only() {
+        assert!(matches!(terminal_safe("plain\ttext\n"), Cow::Borrowed(_)));
+        assert_eq!(
+            terminal_safe("a\x1b[31mred\x07\r"),
+            "a\u{fffd}[31mred\u{fffd}\u{fffd}"
+        );
+        assert_eq!(terminal_safe("\u{9b}x é"), "\u{fffd}x é");
+    }
 }

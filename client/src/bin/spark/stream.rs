@@ -32,6 +32,7 @@ pub async fn stream(
     interrupts: &mut Signal,
 ) -> anyhow::Result<Outcome> {
     let mut outcome = Outcome::default();
+    let terminal = output::stdout_is_tty();
     loop {
         let event = tokio::select! {
             event = generation.next() => event,
@@ -50,6 +51,7 @@ pub async fn stream(
         match event {
             Some(Ok(GenerationEvent::Token(token))) => {
                 match mode {
+                    Mode::Text if terminal => output::out(&output::terminal_safe(&token.text))?,
                     Mode::Text => output::out(&token.text)?,
                     Mode::Json => output::out_line(&json::line(&json::Event::token(&token)))?,
                 }
