@@ -57,7 +57,13 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             }
         };
         let line = match line {
-            None => break,
+            None => {
+                // Ctrl-D left the cursor after the prompt.
+                if interactive {
+                    output::err_text("\n");
+                }
+                break;
+            }
             Some(line) => line.context("cannot read stdin")?,
         };
         let text = line.trim();
@@ -101,9 +107,6 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                 _ => return Err(err),
             },
         }
-    }
-    if interactive {
-        output::err_text("\n");
     }
     Ok(exit::code(exit::OK))
 }
