@@ -8,3 +8,6 @@ pub mod model;
 pub mod quant;
 pub mod server;
 pub mod text;
+pub mod bench;
+pub mod cli;
+pub mod daemon;
