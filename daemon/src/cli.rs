@@ -28,7 +28,8 @@ pub enum Cmd {
     Synth(SynthArgs),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeviceArg {
     #[default]
     Auto,
@@ -36,50 +37,92 @@ pub enum DeviceArg {
     Cuda,
 }
 
-#[derive(Debug, Args, Default)]
+/// Flags of `sparkd serve`. Every one may also come from the config file (`--config`);
+/// a flag given on the command line wins over the file, the file over the defaults.
+#[derive(Debug, Args, Default, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServeArgs {
-    /// Model name (see `spark pull`) or path to a .gguf file.
-    #[arg(long, env = "SPARKD_MODEL", default_value = DEFAULT_MODEL)]
-    pub model: String,
+    /// Config file (TOML) with any of these settings, e.g. /etc/sparkd/sparkd.toml.
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Model name (see `spark pull`) or path to a .gguf file [default: smollm2-135m-instruct].
+    #[arg(long, env = "SPARKD_MODEL")]
+    pub model: Option<String>,
     /// Socket path [default: $SPARKD_SOCKET, else $XDG_RUNTIME_DIR/sparkd/sparkd.sock, else /run/sparkd/sparkd.sock for root].
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Compute device.
-    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
-    pub device: DeviceArg,
+    /// Compute device [default: auto].
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
     /// CPU threads for the forward pass [default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// KV cache size in tokens, shared by all running sequences.
-    #[arg(long, default_value_t = 16384)]
-    pub kv_tokens: usize,
+    /// KV cache size in tokens, shared by all running sequences [default: 16384].
+    #[arg(long)]
+    pub kv_tokens: Option<usize>,
     /// Cap on prompt + completion tokens per request [default: the model's context].
     #[arg(long)]
     pub ctx: Option<usize>,
-    /// Sequences decoded together at most.
-    #[arg(long, default_value_t = 16)]
-    pub max_running: usize,
-    /// Requests that may wait beyond the running ones before new ones get `busy`.
-    #[arg(long, default_value_t = 64)]
-    pub max_queued: usize,
-    /// Tokens per forward step (decodes plus prompt chunks).
-    #[arg(long, default_value_t = 512)]
-    pub step_tokens: usize,
+    /// Sequences decoded together at most [default: 16].
+    #[arg(long)]
+    pub max_running: Option<usize>,
+    /// Requests that may wait beyond the running ones before new ones get `busy` [default: 64].
+    #[arg(long)]
+    pub max_queued: Option<usize>,
+    /// Tokens per forward step, decodes plus prompt chunks [default: 512].
+    #[arg(long)]
+    pub step_tokens: Option<usize>,
     /// Chat template file replacing the model's own.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
-    /// Largest accepted frame, in bytes.
-    #[arg(long, default_value_t = spark_client::protocol::DEFAULT_MAX_FRAME_BYTES)]
-    pub max_frame_bytes: usize,
-    /// Finished jobs kept for `spark jobs`.
-    #[arg(long, default_value_t = 1000)]
-    pub keep_jobs: usize,
-    /// Seconds running generations get to finish on SIGTERM.
-    #[arg(long, default_value_t = 30.0)]
-    pub shutdown_grace: f64,
+    /// Largest accepted frame in bytes [default: 1 MiB].
+    #[arg(long)]
+    pub max_frame_bytes: Option<usize>,
+    /// Finished jobs kept for `spark jobs` [default: 1000].
+    #[arg(long)]
+    pub keep_jobs: Option<usize>,
+    /// Seconds running generations get to finish on SIGTERM [default: 30].
+    #[arg(long)]
+    pub shutdown_grace: Option<f64>,
+    /// Users allowed to connect besides root and the daemon's user (repeatable).
+    #[arg(long = "allow-uid")]
+    pub allowed_uids: Option<Vec<u32>>,
+    /// Groups whose members may connect (repeatable).
+    #[arg(long = "allow-gid")]
+    pub allowed_gids: Option<Vec<u32>>,
     /// Do not fetch a known model that is missing; fail instead.
     #[arg(long)]
+    #[serde(default)]
     pub no_pull: bool,
+}
+
+impl ServeArgs {
+    /// Fills every setting not given on the command line from the config file.
+    pub fn with_config_file(self) -> anyhow::Result<ServeArgs> {
+        let Some(path) = self.config.clone() else { return Ok(self) };
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let file: ServeArgs = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Ok(ServeArgs {
+            config: self.config,
+            model: self.model.or(file.model),
+            socket: self.socket.or(file.socket),
+            device: self.device.or(file.device),
+            threads: self.threads.or(file.threads),
+            kv_tokens: self.kv_tokens.or(file.kv_tokens),
+            ctx: self.ctx.or(file.ctx),
+            max_running: self.max_running.or(file.max_running),
+            max_queued: self.max_queued.or(file.max_queued),
+            step_tokens: self.step_tokens.or(file.step_tokens),
+            chat_template: self.chat_template.or(file.chat_template),
+            max_frame_bytes: self.max_frame_bytes.or(file.max_frame_bytes),
+            keep_jobs: self.keep_jobs.or(file.keep_jobs),
+            shutdown_grace: self.shutdown_grace.or(file.shutdown_grace),
+            allowed_uids: self.allowed_uids.or(file.allowed_uids),
+            allowed_gids: self.allowed_gids.or(file.allowed_gids),
+            no_pull: self.no_pull || file.no_pull,
+        })
+    }
 }
 
 #[derive(Debug, Args)]

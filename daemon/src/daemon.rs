@@ -8,9 +8,12 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
+use spark_client::models::DEFAULT_MODEL;
+
 use crate::cli::{model_path, DeviceArg, ServeArgs};
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::model::Model;
+use crate::notify;
 use crate::server::{self, ServerConfig};
 
 /// Logs go to journald when systemd runs us (it sets JOURNAL_STREAM), else to stderr.
@@ -39,27 +42,51 @@ fn model_name(arg: &str, path: &Path) -> String {
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
-    match args.device {
+    let args = args.with_config_file()?;
+    match args.device.unwrap_or_default() {
         DeviceArg::Cuda => anyhow::bail!(
             "--device cuda: this build of sparkd has no CUDA backend yet; use --device cpu or --device auto"
         ),
         DeviceArg::Auto => tracing::info!("device auto: using the CPU backend (no CUDA backend in this build)"),
         DeviceArg::Cpu => {}
     }
-    let path = model_path(&args.model, !args.no_pull)?;
-    let name = model_name(&args.model, &path);
+    let model_arg = args.model.clone().unwrap_or_else(|| DEFAULT_MODEL.to_string());
+    let socket_path = spark_client::resolve_socket_path(args.socket.as_deref());
+    let grace = Duration::from_secs_f64(args.shutdown_grace.unwrap_or(30.0).max(0.0));
+    let mut server_cfg = ServerConfig::new(socket_path.clone());
+    server_cfg.max_frame_bytes = args.max_frame_bytes.unwrap_or(server_cfg.max_frame_bytes);
+    server_cfg.allowed_uids = args.allowed_uids.clone();
+    server_cfg.allowed_gids = args.allowed_gids.clone();
+    // Connections outlive the engine's grace a little, so every stream's final `Done`
+    // (sent when the grace ends) still reaches its client.
+    server_cfg.shutdown_grace = grace + Duration::from_secs(5);
+    // Before any other thread exists: taking the fds clears LISTEN_* from the environment.
+    let activated = notify::activated_listener().context("taking the socket passed by systemd")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("sparkd-io")
+        .build()
+        .context("starting the async runtime")?;
+
+    // The socket first: a second daemon is refused before it loads anything, and clients
+    // that connect while the model loads wait in the listen backlog instead of failing.
+    let listener = rt.block_on(listen(&server_cfg, activated))?;
+    notify::status(&format!("loading model {model_arg}"));
     let started = std::time::Instant::now();
+    let path = model_path(&model_arg, !args.no_pull)?;
+    let name = model_name(&model_arg, &path);
     let model = Model::load(&path)?;
     let mut cfg = EngineConfig::new(name.clone());
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
     }
-    cfg.kv_tokens = args.kv_tokens;
+    cfg.kv_tokens = args.kv_tokens.unwrap_or(cfg.kv_tokens);
     cfg.context_limit = args.ctx;
-    cfg.max_running = args.max_running;
-    cfg.max_queued = args.max_queued;
-    cfg.step_tokens = args.step_tokens;
-    cfg.keep_jobs = args.keep_jobs;
+    cfg.max_running = args.max_running.unwrap_or(cfg.max_running);
+    cfg.max_queued = args.max_queued.unwrap_or(cfg.max_queued);
+    cfg.step_tokens = args.step_tokens.unwrap_or(cfg.step_tokens);
+    cfg.keep_jobs = args.keep_jobs.unwrap_or(cfg.keep_jobs);
     if let Some(p) = &args.chat_template {
         cfg.chat_template =
             Some(std::fs::read_to_string(p).with_context(|| format!("reading chat template {}", p.display()))?);
@@ -67,24 +94,28 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let engine = EngineHandle::start(model, cfg)?;
     tracing::info!(model = %name, path = %path.display(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
 
-    let socket_path = spark_client::resolve_socket_path(args.socket.as_deref());
-    let server_cfg = ServerConfig {
-        socket_path: socket_path.clone(),
-        max_frame_bytes: args.max_frame_bytes,
-        ..ServerConfig::default()
-    };
-    let grace = Duration::from_secs_f64(args.shutdown_grace.max(0.0));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("sparkd-io")
-        .build()
-        .context("starting the async runtime")?;
-    let result = rt.block_on(run_server(server_cfg, engine.clone(), grace));
+    let result = rt.block_on(run_server(listener, server_cfg, engine.clone(), grace));
     engine.shutdown(Duration::ZERO);
     engine.join();
     let _ = std::fs::remove_file(pid_file(&socket_path));
     result
+}
+
+/// The listening socket: the one systemd passed (socket activation), else our own.
+async fn listen(
+    cfg: &ServerConfig,
+    activated: Option<std::os::unix::net::UnixListener>,
+) -> anyhow::Result<server::Listener> {
+    if let Some(std_listener) = activated {
+        tracing::info!("using the socket passed by systemd");
+        return Ok(server::Listener::from_std(std_listener)?);
+    }
+    let listener = server::bind(cfg).await?;
+    let pid_path = pid_file(&cfg.socket_path);
+    if let Err(e) = std::fs::write(&pid_path, format!("{}\n", std::process::id())) {
+        tracing::warn!(path = %pid_path.display(), error = %e, "cannot write pid file");
+    }
+    Ok(listener)
 }
 
 fn pid_file(socket: &Path) -> PathBuf {
@@ -93,15 +124,17 @@ fn pid_file(socket: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-async fn run_server(cfg: ServerConfig, engine: Arc<EngineHandle>, grace: Duration) -> anyhow::Result<()> {
-    let listener = server::bind(&cfg).await?;
-    let pid_path = pid_file(&cfg.socket_path);
-    if let Err(e) = std::fs::write(&pid_path, format!("{}\n", std::process::id())) {
-        tracing::warn!(path = %pid_path.display(), error = %e, "cannot write pid file");
-    }
+async fn run_server(
+    listener: server::Listener,
+    cfg: ServerConfig,
+    engine: Arc<EngineHandle>,
+    grace: Duration,
+) -> anyhow::Result<()> {
     tracing::info!(socket = %cfg.socket_path.display(), "serving");
+    notify::ready(&engine);
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone(), engine.clone(), grace));
+    tokio::spawn(notify::keep_alive(engine.clone(), shutdown.clone()));
     let dyn_engine: Arc<dyn Engine> = engine;
     server::serve(listener, cfg, dyn_engine, shutdown).await?;
     Ok(())
@@ -117,6 +150,7 @@ async fn watch_signals(shutdown: CancellationToken, engine: Arc<EngineHandle>, g
     };
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     tracing::info!(grace_s = grace.as_secs_f64(), "shutting down: finishing running generations");
+    notify::stopping();
     shutdown.cancel();
     engine.shutdown(grace);
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod engine;
 pub mod gguf;
 pub mod model;
+pub mod notify;
 pub mod quant;
 pub mod server;
 pub mod text;
