@@ -349,7 +349,7 @@ impl Engine for EngineHandle {
             daemon_version: env!("CARGO_PKG_VERSION").into(),
             model: self.model_info(),
             backend: "cpu".into(),
-            device: crate::backend::cpu::describe_device(self.threads),
+            device: describe_cpu(self.threads),
             resident_bytes: resident_bytes(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             running: load.running as u32,
@@ -370,6 +370,18 @@ impl Engine for EngineHandle {
     fn models(&self) -> Vec<ModelInfo> {
         vec![self.model_info()]
     }
+}
+
+/// E.g. `AMD EPYC · 2 threads · avx2 kernels`.
+fn describe_cpu(threads: usize) -> String {
+    let mut sys = sysinfo::System::new();
+    sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+    let brand = sys.cpus().first().map(|c| c.brand().trim().to_string()).filter(|b| !b.is_empty());
+    format!(
+        "{} · {threads} threads · {} kernels",
+        brand.unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+        crate::backend::cpu::kernel_name()
+    )
 }
 
 /// This process's resident memory (mapped model pages that were touched included).

@@ -125,6 +125,16 @@ struct SharedOut(*mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
+impl SharedOut {
+    /// # Safety
+    /// `offset..offset + len` lies inside the buffer, and no other thread touches that
+    /// range while the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, offset: usize, len: usize) -> &mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(offset), len)
+    }
+}
+
 impl Model {
     /// Runs one step over `batch`, writing its K/V into `kv` and the requested logits
     /// into `ws`. Returns the step's duration so the engine can book it on every
@@ -300,7 +310,7 @@ impl Model {
                 let o = t * q_dim + (g * group + h) * hd;
                 // SAFETY: task (t, g) writes only attn[t][g*group*hd .. (g+1)*group*hd],
                 // which no other task writes; `attn` is sized n * q_dim by `resize`.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(o), hd) };
+                let dst = unsafe { out.range(o, hd) };
                 for (d, &a) in dst.iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
                     *d = a * inv;
                 }

@@ -89,7 +89,8 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), WeightsError> {
 fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<MatrixRef, WeightsError> {
     let t = info(file, name)?;
     check_shape(t, &[cols as u64, rows as u64])?;
-    if !crate::backend::cpu::supports_weight_type(t.ty) {
+    // Q8_1 and Q8_K are activation formats: no kernel takes them as weights.
+    if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
         return Err(WeightsError::Type { name: name.to_string(), ty: t.ty });
     }
     Ok(MatrixRef { ty: t.ty, rows, cols, offset: t.offset as usize, len: t.n_bytes as usize })
