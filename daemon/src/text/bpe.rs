@@ -6,8 +6,9 @@
 //! works on small integers and never builds strings.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
+use super::fxhash::FxHashMap;
 use super::unicode::byte_to_char_table;
 
 /// An interned string that appears in the vocabulary or in a merge rule.
@@ -16,13 +17,14 @@ type PieceId = u32;
 #[derive(Debug)]
 pub(crate) struct BpeModel {
     /// `(left, right)` -> `(rank, merged piece)`.
-    merges: HashMap<(PieceId, PieceId), (u32, PieceId)>,
-    /// The piece of each byte's one-char string in the byte alphabet, if interned.
-    byte_piece: [Option<PieceId>; 256],
-    /// Vocabulary id of each piece, if the piece is a token.
-    piece_token: Vec<Option<u32>>,
-    /// The text of each piece, for the rare fallback when a merged piece is not a token.
-    piece_text: Vec<String>,
+    merges: FxHashMap<(PieceId, PieceId), (u32, PieceId)>,
+    /// The piece of each byte's one-char string in the byte alphabet.
+    byte_piece: [PieceId; 256],
+    /// Pieces below this are vocabulary ids; the others are merge strings that are not
+    /// tokens, numbered from here.
+    n_vocab: u32,
+    /// Text of the pieces that are not tokens, for the rare fallback.
+    extra_text: Vec<String>,
     byte_chars: [char; 256],
     /// The token whose text is exactly this ASCII char, for the fallback.
     ascii_token: [Option<u32>; 128],
@@ -30,9 +32,8 @@ pub(crate) struct BpeModel {
 
 #[derive(Clone, Copy)]
 struct Symbol {
-    piece: Option<PieceId>,
-    /// Byte range in the word; `len == 0` marks a symbol merged into its left neighbour.
-    start: usize,
+    piece: PieceId,
+    /// Length in bytes of the word; 0 marks a symbol merged into its left neighbour.
     len: usize,
     prev: Option<usize>,
     next: Option<usize>,
@@ -41,20 +42,24 @@ struct Symbol {
 impl BpeModel {
     /// `token_to_id` maps each token text to its id (the last id wins for duplicates, as
     /// in llama.cpp); `merges` are `"left right"` strings in rank order.
-    pub fn new(token_to_id: &HashMap<String, u32>, merges: &[String]) -> Self {
-        let mut ids: HashMap<String, PieceId> = HashMap::with_capacity(token_to_id.len() + merges.len());
-        let mut piece_text: Vec<String> = Vec::with_capacity(token_to_id.len());
-        let mut intern = |s: &str, piece_text: &mut Vec<String>| -> PieceId {
-            if let Some(&id) = ids.get(s) {
+    pub fn new(token_to_id: &FxHashMap<String, u32>, n_vocab: u32, merges: &[String]) -> Self {
+        let mut extra: FxHashMap<String, PieceId> = FxHashMap::default();
+        let mut extra_text: Vec<String> = Vec::new();
+        let mut intern = |s: &str, extra_text: &mut Vec<String>| -> PieceId {
+            if let Some(&id) = token_to_id.get(s) {
                 return id;
             }
-            let id = piece_text.len() as PieceId;
-            piece_text.push(s.to_string());
-            ids.insert(s.to_string(), id);
+            if let Some(&id) = extra.get(s) {
+                return id;
+            }
+            let id = n_vocab + extra_text.len() as PieceId;
+            extra_text.push(s.to_string());
+            extra.insert(s.to_string(), id);
             id
         };
 
-        let mut table = HashMap::with_capacity(merges.len());
+        let mut table = FxHashMap::with_capacity_and_hasher(merges.len(), Default::default());
+        let mut joined = String::new();
         for (rank, merge) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first byte.
             let Some(split) = merge.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
@@ -64,23 +69,21 @@ impl BpeModel {
             if left.is_empty() || right.is_empty() {
                 continue;
             }
-            let l = intern(left, &mut piece_text);
-            let r = intern(right, &mut piece_text);
-            let merged = intern(&format!("{left}{right}"), &mut piece_text);
+            let l = intern(left, &mut extra_text);
+            let r = intern(right, &mut extra_text);
+            joined.clear();
+            joined.push_str(left);
+            joined.push_str(right);
+            let merged = intern(&joined, &mut extra_text);
             // The first rule for a pair wins, like `unordered_map::emplace`.
             table.entry((l, r)).or_insert((rank as u32, merged));
         }
 
         let byte_chars = byte_to_char_table();
-        let mut byte_piece = [None; 256];
         let mut buf = [0u8; 4];
-        for (b, slot) in byte_piece.iter_mut().enumerate() {
-            let s: &str = byte_chars[b].encode_utf8(&mut buf);
-            *slot = Some(intern(s, &mut piece_text));
-        }
-        let piece_token = piece_text.iter().map(|s| token_to_id.get(s).copied()).collect();
+        let byte_piece = std::array::from_fn(|b| intern(byte_chars[b].encode_utf8(&mut buf), &mut extra_text));
         let ascii_token = std::array::from_fn(|b| token_to_id.get(&char::from(b as u8).to_string()).copied());
-        Self { merges: table, byte_piece, piece_token, piece_text, byte_chars, ascii_token }
+        Self { merges: table, byte_piece, n_vocab, extra_text, byte_chars, ascii_token }
     }
 
     /// The word's bytes in the byte alphabet, as the vocabulary spells them.
@@ -97,7 +100,6 @@ impl BpeModel {
         let mut symbols: Vec<Symbol> = (0..n)
             .map(|i| Symbol {
                 piece: self.byte_piece[word[i] as usize],
-                start: i,
                 len: 1,
                 prev: i.checked_sub(1),
                 next: (i + 1 < n).then_some(i + 1),
@@ -108,8 +110,7 @@ impl BpeModel {
         let mut heap: BinaryHeap<Reverse<(u32, usize, usize, usize)>> = BinaryHeap::new();
         let push = |heap: &mut BinaryHeap<_>, symbols: &[Symbol], left: Option<usize>, right: Option<usize>| {
             let (Some(l), Some(r)) = (left, right) else { return };
-            let (Some(lp), Some(rp)) = (symbols[l].piece, symbols[r].piece) else { return };
-            if let Some(&(rank, _)) = self.merges.get(&(lp, rp)) {
+            if let Some(&(rank, _)) = self.merges.get(&(symbols[l].piece, symbols[r].piece)) {
                 heap.push(Reverse((rank, l, r, symbols[l].len + symbols[r].len)));
             }
         };
@@ -122,10 +123,9 @@ impl BpeModel {
             if left.len == 0 || right.len == 0 || left.len + right.len != size {
                 continue;
             }
-            let (Some(lp), Some(rp)) = (left.piece, right.piece) else { continue };
-            let Some(&(_, merged)) = self.merges.get(&(lp, rp)) else { continue };
+            let Some(&(_, merged)) = self.merges.get(&(left.piece, right.piece)) else { continue };
             symbols[l].len += right.len;
-            symbols[l].piece = Some(merged);
+            symbols[l].piece = merged;
             symbols[l].next = right.next;
             symbols[r].len = 0;
             if let Some(nx) = right.next {
@@ -138,9 +138,10 @@ impl BpeModel {
         let mut at = Some(0);
         while let Some(i) = at {
             let sym = symbols[i];
-            match sym.piece.and_then(|p| self.piece_token[p as usize]) {
-                Some(id) => out.push(id),
-                None => self.fallback(&word[sym.start..sym.start + sym.len], sym.piece, out),
+            if sym.piece < self.n_vocab {
+                out.push(sym.piece);
+            } else {
+                self.fallback(sym.piece, out);
             }
             at = sym.next;
         }
@@ -148,11 +149,8 @@ impl BpeModel {
 
     /// A symbol that is not a token: llama.cpp looks up each byte of its byte-alphabet
     /// spelling as a one-byte token and drops the bytes that are not tokens.
-    fn fallback(&self, raw: &[u8], piece: Option<PieceId>, out: &mut Vec<u32>) {
-        let spelled = match piece {
-            Some(p) => self.piece_text[p as usize].clone(),
-            None => self.byte_encode(raw),
-        };
+    fn fallback(&self, piece: PieceId, out: &mut Vec<u32>) {
+        let Some(spelled) = self.extra_text.get((piece - self.n_vocab) as usize) else { return };
         let ids = spelled.bytes().filter(u8::is_ascii).filter_map(|b| self.ascii_token[b as usize]);
         out.extend(ids);
     }
@@ -165,7 +163,7 @@ mod tests {
     fn model(tokens: &[&str], merges: &[&str]) -> BpeModel {
         let map = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
         let merges: Vec<String> = merges.iter().map(|m| m.to_string()).collect();
-        BpeModel::new(&map, &merges)
+        BpeModel::new(&map, tokens.len() as u32, &merges)
     }
 
     #[test]

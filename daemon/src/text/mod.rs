@@ -3,6 +3,7 @@
 
 mod bpe;
 mod error;
+mod fxhash;
 mod pretokenize;
 mod spec;
 mod special;

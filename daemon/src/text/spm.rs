@@ -6,7 +6,9 @@
 //! text, so a candidate pair is a slice of it and lookups never allocate.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use super::fxhash::FxHashMap;
 
 /// A merge candidate: the pair starting at symbol `left`, `size` bytes long.
 struct Bigram {
@@ -47,7 +49,7 @@ struct Symbol {
 /// `byte_token` resolves one byte that no token covers.
 pub(crate) fn encode(
     text: &str,
-    token_to_id: &HashMap<String, u32>,
+    token_to_id: &FxHashMap<String, u32>,
     scores: &[f32],
     byte_token: impl Fn(u8) -> Option<u32>,
     out: &mut Vec<u32>,
@@ -108,7 +110,7 @@ pub(crate) fn encode(
 mod tests {
     use super::*;
 
-    fn vocab(tokens: &[(&str, f32)]) -> (HashMap<String, u32>, Vec<f32>) {
+    fn vocab(tokens: &[(&str, f32)]) -> (FxHashMap<String, u32>, Vec<f32>) {
         let map = tokens.iter().enumerate().map(|(i, (t, _))| (t.to_string(), i as u32)).collect();
         (map, tokens.iter().map(|&(_, s)| s).collect())
     }

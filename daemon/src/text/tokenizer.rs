@@ -1,8 +1,7 @@
 //! `Tokenizer`: text <-> token ids for a GGUF vocabulary, matching llama.cpp's ids.
 
-use std::collections::HashMap;
-
 use super::bpe::BpeModel;
+use super::fxhash::FxHashMap;
 use super::pretokenize::PreTokenizer;
 use super::special::{self, attr, Fragment};
 use super::unicode::char_to_byte;
@@ -21,7 +20,7 @@ pub struct Tokenizer {
     model: Model,
     texts: Vec<String>,
     attrs: Vec<u8>,
-    token_to_id: HashMap<String, u32>,
+    token_to_id: FxHashMap<String, u32>,
     /// Control, user-defined and unknown tokens, longest text first.
     specials: Vec<u32>,
     /// What each token decodes to, concatenated; `piece_offsets[i]..piece_offsets[i + 1]`.
@@ -92,7 +91,7 @@ impl Tokenizer {
             Some(types) => types[..n].iter().map(|&t| attr::from_token_type(t)).collect(),
             None => vec![attr::NORMAL; n],
         };
-        let token_to_id: HashMap<String, u32> = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let token_to_id: FxHashMap<String, u32> = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
 
         let model = match spec.model.as_str() {
             "gpt2" => {
@@ -103,7 +102,7 @@ impl Tokenizer {
                         PreTokenizer::from_name("default")?
                     }
                 };
-                Model::Bpe { bpe: BpeModel::new(&token_to_id, &spec.merges), pre }
+                Model::Bpe { bpe: BpeModel::new(&token_to_id, n as u32, &spec.merges), pre }
             }
             "llama" => {
                 let scores = spec.scores.unwrap_or_else(|| vec![0.0; n]);
