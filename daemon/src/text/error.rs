@@ -14,8 +14,8 @@ pub enum TextError {
     MissingSpecialToken(&'static str),
     #[error("invalid vocabulary: {0}")]
     InvalidVocab(String),
-    #[error("tokenizer metadata key '{key}': {message}")]
-    Metadata { key: String, message: String },
+    #[error("tokenizer metadata: {0}")]
+    Gguf(#[from] crate::gguf::GgufError),
     #[error("chat template does not compile: {0}")]
     TemplateSyntax(String),
     #[error("chat template failed to render: {0}")]

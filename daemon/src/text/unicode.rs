@@ -11,7 +11,6 @@ impl Flags {
     pub const NONE: Flags = Flags(0);
     const NUMBER: u16 = 0x0002;
     const LETTER: u16 = 0x0004;
-    const MARK: u16 = 0x0010;
     const PUNCTUATION: u16 = 0x0020;
     const WHITESPACE: u16 = 0x0100;
 
@@ -34,9 +33,6 @@ impl Flags {
     }
     pub fn is_letter(self) -> bool {
         self.0 & Self::LETTER != 0
-    }
-    pub fn is_mark(self) -> bool {
-        self.0 & Self::MARK != 0
     }
     pub fn is_punctuation(self) -> bool {
         self.0 & Self::PUNCTUATION != 0
@@ -115,7 +111,6 @@ mod tests {
         assert!(Flags::of('\u{3000}').is_whitespace());
         assert!(Flags::of('\n').is_whitespace());
         assert!(Flags::of('!').is_punctuation());
-        assert!(Flags::of('\u{0301}').is_mark());
         assert!(!Flags::of('$').is_punctuation()); // a symbol
         let emoji = Flags::of('😀');
         assert!(!emoji.is_letter() && !emoji.is_number() && !emoji.is_whitespace() && !emoji.is_none());

@@ -1,0 +1,105 @@
+//! sparkd's tokenizer and chat template against outputs recorded from llama.cpp
+//! (`tests/fixtures/text/`, see the generator scripts there). Each test skips, saying so,
+//! when its GGUF file is not on this machine.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use sparkd::gguf::GgufFile;
+use sparkd::text::{Tokenizer, TokenizerSpec};
+
+const DEFAULT_MODEL: &str = "smollm2-135m-instruct.gguf";
+
+fn fixture(name: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from)
+}
+
+/// The default model, looked up like the daemon does.
+fn model_path(file: &str) -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("SPARKD_MODELS").map(PathBuf::from),
+        std::env::var_os("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("sparkd/models")),
+        home().map(|h| h.join(".local/share/sparkd/models")),
+    ];
+    candidates.into_iter().flatten().map(|d| d.join(file)).find(|p| p.is_file())
+}
+
+/// Vocabulary-only files made by `make_vocab_ggufs.py`.
+fn test_vocab_path(file: &str) -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("SPARKD_TEST_VOCABS").map(PathBuf::from),
+        std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("sparkd/test-vocabs")),
+        home().map(|h| h.join(".cache/sparkd/test-vocabs")),
+    ];
+    candidates.into_iter().flatten().map(|d| d.join(file)).find(|p| p.is_file())
+}
+
+fn load_tokenizer(path: &std::path::Path) -> Tokenizer {
+    let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
+    Tokenizer::new(spec).expect("tokenizer")
+}
+
+/// Encodes every fixture case and compares with llama.cpp's ids; also checks that text
+/// without special-token parsing decodes back to itself.
+fn check_tokenize_fixture(path: Option<PathBuf>, fixture_name: &str) {
+    let fx = fixture(fixture_name);
+    let Some(path) = path else {
+        eprintln!("skipping {fixture_name}: {} not found", fx["model"]);
+        return;
+    };
+    let tok = load_tokenizer(&path);
+    let cases = fx["cases"].as_array().expect("cases");
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        let parse_special = case["parse_special"].as_bool().expect("parse_special");
+        let add_special = case["add_special"].as_bool().expect("add_special");
+        let want: Vec<u32> = case["ids"].as_array().expect("ids").iter().map(|v| v.as_u64().expect("id") as u32).collect();
+        let got = tok.encode(text, add_special, parse_special);
+        if got != want {
+            failures.push(format!("{text:?} (parse_special {parse_special}):\n  got  {got:?}\n  want {want:?}"));
+        }
+        let plain = tok.encode(text, false, false);
+        assert_eq!(tok.decode(&plain), text, "round trip");
+    }
+    assert!(failures.is_empty(), "{} of {} cases differ from llama.cpp:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    eprintln!("{fixture_name}: {} cases match llama.cpp", cases.len());
+}
+
+#[test]
+fn default_model_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(model_path(DEFAULT_MODEL), "smollm2_tokenize.json");
+}
+
+#[test]
+fn llama3_vocab_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(test_vocab_path("llama3-vocab.gguf"), "llama3_tokenize.json");
+}
+
+#[test]
+fn qwen3_vocab_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(test_vocab_path("qwen3-vocab.gguf"), "qwen3_tokenize.json");
+}
+
+#[test]
+fn default_model_special_tokens() {
+    let Some(path) = model_path(DEFAULT_MODEL) else {
+        eprintln!("skipping: {DEFAULT_MODEL} not found");
+        return;
+    };
+    let tok = load_tokenizer(&path);
+    assert_eq!(tok.vocab_size(), 49152);
+    let im_end = tok.token_id("<|im_end|>").expect("<|im_end|>");
+    let endoftext = tok.token_id("<|endoftext|>").expect("<|endoftext|>");
+    assert_eq!(tok.eos(), Some(im_end));
+    assert!(tok.is_eog(im_end) && tok.is_eog(endoftext));
+    assert!(!tok.is_eog(tok.token_id("<|im_start|>").expect("<|im_start|>")));
+    assert!(!tok.add_bos());
+}
