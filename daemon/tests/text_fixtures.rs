@@ -67,7 +67,8 @@ fn check_tokenize_fixture(path: Option<PathBuf>, fixture_name: &str) {
             failures.push(format!("{text:?} (parse_special {parse_special}):\n  got  {got:?}\n  want {want:?}"));
         }
         let plain = tok.encode(text, false, false);
-        assert_eq!(tok.decode(&plain), text, "round trip");
+        let prefix = if tok.add_space_prefix() && !text.is_empty() { " " } else { "" };
+        assert_eq!(tok.decode(&plain), format!("{prefix}{text}"), "round trip");
     }
     assert!(failures.is_empty(), "{} of {} cases differ from llama.cpp:\n{}", failures.len(), cases.len(), failures.join("\n"));
     eprintln!("{fixture_name}: {} cases match llama.cpp", cases.len());
@@ -86,6 +87,11 @@ fn llama3_vocab_tokenizes_like_llama_cpp() {
 #[test]
 fn qwen3_vocab_tokenizes_like_llama_cpp() {
     check_tokenize_fixture(test_vocab_path("qwen3-vocab.gguf"), "qwen3_tokenize.json");
+}
+
+#[test]
+fn llama2_vocab_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(test_vocab_path("llama2-vocab.gguf"), "llama2_tokenize.json");
 }
 
 #[test]

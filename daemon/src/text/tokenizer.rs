@@ -324,6 +324,10 @@ impl Tokenizer {
     pub fn add_bos(&self) -> bool {
         self.add_bos
     }
+    /// SentencePiece vocabularies that prefix a space: decoded text keeps that space.
+    pub fn add_space_prefix(&self) -> bool {
+        self.add_space_prefix && matches!(self.model, Model::Spm { .. })
+    }
 
     /// Whether generating `id` ends the generation: EOS, EOT, EOM, and the tokens llama.cpp
     /// recognises by name (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, ...).
