@@ -354,4 +354,4 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 
 #[cfg(test)]
 #[path = "tokenizer_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -1,0 +1,289 @@
+//! Sampling: turns one row of logits into the next token id.
+//!
+//! The chain follows llama.cpp's order: logit bias, penalties, top-k, top-p, min-p,
+//! temperature, then a draw from the remaining distribution. Temperature 0 is greedy.
+//! Every sampler owns its random generator, seeded from the request, so a seed gives the
+//! same tokens for the same logits whatever else the engine is running.
+
+use spark_client::protocol::{SamplingParams, TokenLogprobs};
+
+use super::{TextError, Tokenizer};
+
+/// Checks every field, naming the one that is out of range.
+pub fn validate(params: &SamplingParams, vocab_size: usize) -> Result<(), TextError> {
+    let p = params;
+    if !(p.temperature.is_finite() && p.temperature >= 0.0) {
+        return Err(TextError::sampling("temperature", format!("must be finite and >= 0, got {}", p.temperature)));
+    }
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        return Err(TextError::sampling("top_p", format!("must be in (0, 1], got {}", p.top_p)));
+    }
+    if !(0.0..=1.0).contains(&p.min_p) {
+        return Err(TextError::sampling("min_p", format!("must be in [0, 1], got {}", p.min_p)));
+    }
+    if !(p.repeat_penalty.is_finite() && p.repeat_penalty > 0.0) {
+        return Err(TextError::sampling("repeat_penalty", format!("must be finite and > 0, got {}", p.repeat_penalty)));
+    }
+    for (field, v) in [("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)] {
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(TextError::sampling(field, format!("must be in [-2, 2], got {v}")));
+        }
+    }
+    for &(id, bias) in &p.logit_bias {
+        if id as usize >= vocab_size {
+            return Err(TextError::sampling("logit_bias", format!("token id {id} is outside the vocabulary (size {vocab_size})")));
+        }
+        // -inf bans a token; +inf or NaN would poison the distribution.
+        if bias.is_nan() || bias == f32::INFINITY {
+            return Err(TextError::sampling("logit_bias", format!("bias for token {id} must be finite or -inf, got {bias}")));
+        }
+    }
+    Ok(())
+}
+
+/// SplitMix64: tiny, fast and stable across library versions, so a seed reproduces the
+/// same tokens after an upgrade.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// One request's sampler.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    rng: Rng,
+    /// Reused buffers: candidates `(id, logit)` and the penalty window.
+    candidates: Vec<(u32, f32)>,
+    window: Vec<u32>,
+}
+
+/// Candidate order: higher logit first, then lower id (so ties are deterministic).
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// NaN from a broken forward pass must not win or poison sums.
+fn clean(l: f32) -> f32 {
+    if l.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        l
+    }
+}
+
+impl Sampler {
+    /// Validates `params`; a missing seed is drawn at random (see [`Sampler::seed`]).
+    pub fn new(params: &SamplingParams, vocab_size: usize) -> Result<Self, TextError> {
+        validate(params, vocab_size)?;
+        let seed = params.seed.unwrap_or_else(rand::random);
+        Ok(Self { params: params.clone(), seed, rng: Rng(seed), candidates: Vec::new(), window: Vec::new() })
+    }
+
+    /// The seed in use, so that a run without one can be reproduced.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Chooses the next token. `history` is the prompt plus the tokens generated so far
+    /// (for penalties). Bias and penalties are applied to `logits` in place.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_bias(logits);
+        self.apply_penalties(logits, history);
+        if self.params.temperature == 0.0 {
+            return argmax(logits);
+        }
+        self.sample_stochastic(logits)
+    }
+
+    /// [`Sampler::sample`] plus log-probabilities of the chosen token and the `top_n` most
+    /// likely ones, computed on the logits as the model produced them.
+    pub fn sample_with_logprobs(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        top_n: usize,
+        tokenizer: &Tokenizer,
+    ) -> (u32, TokenLogprobs) {
+        let (lse, top) = log_softmax_top(logits, top_n);
+        // Bias and penalties only touch these ids; keep their original logits so that the
+        // chosen token's logprob is on the model's distribution.
+        let window = &history[history.len().saturating_sub(self.params.repeat_last_n as usize)..];
+        let touched: Vec<(u32, f32)> = (self.params.logit_bias.iter().map(|b| b.0))
+            .chain(window.iter().copied())
+            .filter_map(|id| logits.get(id as usize).map(|&l| (id, l)))
+            .collect();
+        let id = self.sample(logits, history);
+        let original = touched.iter().find(|t| t.0 == id).map(|t| t.1).or_else(|| logits.get(id as usize).copied());
+        let logprob = original.map_or(f32::NEG_INFINITY, |l| clean(l) - lse);
+        let top = top.into_iter().map(|(t, lp)| (t, tokenizer.piece(t), lp)).collect();
+        (id, TokenLogprobs { logprob, top })
+    }
+
+    /// Log-probabilities of `chosen` and the `top_n` most likely tokens under `logits`
+    /// (which should be the unmodified row).
+    pub fn logprobs(&self, logits: &[f32], chosen: u32, top_n: usize, tokenizer: &Tokenizer) -> TokenLogprobs {
+        let (lse, top) = log_softmax_top(logits, top_n);
+        let logprob = logits.get(chosen as usize).copied().map_or(f32::NEG_INFINITY, |l| clean(l) - lse);
+        let top = top.into_iter().map(|(t, lp)| (t, tokenizer.piece(t), lp)).collect();
+        TokenLogprobs { logprob, top }
+    }
+
+    fn apply_bias(&self, logits: &mut [f32]) {
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+    }
+
+    /// llama.cpp's penalties over the last `repeat_last_n` tokens of `history`: the
+    /// repetition penalty divides positive logits and multiplies negative ones; presence
+    /// and frequency subtract `present + count * frequency` (OpenAI's definitions).
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        let n = p.repeat_last_n as usize;
+        if n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0) {
+            return;
+        }
+        self.window.clear();
+        self.window.extend_from_slice(&history[history.len().saturating_sub(n)..]);
+        self.window.sort_unstable();
+        for run in self.window.chunk_by(|a, b| a == b) {
+            let Some(l) = logits.get_mut(run[0] as usize) else { continue };
+            if *l <= 0.0 {
+                *l *= p.repeat_penalty;
+            } else {
+                *l /= p.repeat_penalty;
+            }
+            *l -= run.len() as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+
+    fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let cands = &mut self.candidates;
+        cands.clear();
+        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, clean(l))));
+        if cands.is_empty() {
+            return 0;
+        }
+
+        // top-k: a partial selection, not a sort of the whole vocabulary.
+        let k = p.top_k as usize;
+        let mut sorted = false;
+        if k > 0 && k < cands.len() {
+            cands.select_nth_unstable_by(k - 1, by_logit_desc);
+            cands.truncate(k);
+            cands.sort_unstable_by(by_logit_desc);
+            sorted = true;
+        }
+
+        let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::NEG_INFINITY {
+            // Everything banned: fall back to the lowest id still in the set.
+            return cands.iter().map(|c| c.0).min().unwrap_or(0);
+        }
+
+        // top-p on the distribution at temperature 1: the smallest prefix (by probability)
+        // whose mass reaches `top_p`. The prefix is found by sorting a growing head of the
+        // candidates, which is usually tiny.
+        if p.top_p < 1.0 {
+            let total: f64 = cands.iter().map(|c| f64::from(c.1 - max).exp()).sum();
+            let target = f64::from(p.top_p) * total;
+            let mut head = if sorted { cands.len() } else { 64.min(cands.len()) };
+            loop {
+                if !sorted {
+                    if head < cands.len() {
+                        cands.select_nth_unstable_by(head - 1, by_logit_desc);
+                    }
+                    cands[..head].sort_unstable_by(by_logit_desc);
+                }
+                let mut cum = 0.0;
+                let cut = cands[..head].iter().position(|c| {
+                    cum += f64::from(c.1 - max).exp();
+                    cum >= target
+                });
+                if let Some(i) = cut {
+                    cands.truncate(i + 1);
+                    break;
+                }
+                if head == cands.len() {
+                    break;
+                }
+                head = (head * 4).min(cands.len());
+            }
+        }
+
+        // min-p: keep tokens at least `min_p` times as likely as the best one.
+        if p.min_p > 0.0 {
+            let floor = max + p.min_p.ln();
+            cands.retain(|c| c.1 >= floor);
+        }
+
+        // Temperature, then a draw. Candidates are in a deterministic order here.
+        let t = p.temperature;
+        let weights_total: f64 = cands.iter().map(|c| f64::from((c.1 - max) / t).exp()).sum();
+        let mut r = self.rng.next_f64() * weights_total;
+        for &(id, l) in cands.iter() {
+            r -= f64::from((l - max) / t).exp();
+            if r < 0.0 {
+                return id;
+            }
+        }
+        // Rounding left a sliver: the last candidate with any weight takes it.
+        cands.iter().rev().find(|c| c.1 > f32::NEG_INFINITY).map_or(cands[0].0, |c| c.0)
+    }
+}
+
+/// Greedy choice in one pass: the highest logit, the lowest id among equals.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_l = f32::NEG_INFINITY;
+    for (i, &l) in logits.iter().enumerate() {
+        if clean(l) > best_l {
+            best = i;
+            best_l = l;
+        }
+    }
+    best as u32
+}
+
+/// Log-sum-exp of the row and its `top_n` entries as `(id, logprob)`, most likely first.
+fn log_softmax_top(logits: &[f32], top_n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().map(clean).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return (f32::NEG_INFINITY, Vec::new());
+    }
+    let sum: f64 = logits.iter().map(|&l| f64::from(clean(l) - max).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    let mut top: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, clean(l))).collect();
+    let n = top_n.min(top.len());
+    if n == 0 {
+        return (lse, Vec::new());
+    }
+    if n < top.len() {
+        top.select_nth_unstable_by(n - 1, by_logit_desc);
+        top.truncate(n);
+    }
+    top.sort_unstable_by(by_logit_desc);
+    (lse, top.into_iter().map(|(i, l)| (i, l - lse)).collect())
+}
+
+#[cfg(test)]
+#[path = "sampler_tests.rs"]
+mod tests;
