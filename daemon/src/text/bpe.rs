@@ -62,7 +62,13 @@ impl BpeModel {
         let mut joined = String::new();
         for (rank, merge) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first byte.
-            let Some(split) = merge.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
+            let Some(split) = merge
+                .as_bytes()
+                .iter()
+                .skip(1)
+                .position(|&b| b == b' ')
+                .map(|p| p + 1)
+            else {
                 continue;
             };
             let (left, right) = (&merge[..split], &merge[split + 1..]);
@@ -81,9 +87,18 @@ impl BpeModel {
 
         let byte_chars = byte_to_char_table();
         let mut buf = [0u8; 4];
-        let byte_piece = std::array::from_fn(|b| intern(byte_chars[b].encode_utf8(&mut buf), &mut extra_text));
-        let ascii_token = std::array::from_fn(|b| token_to_id.get(&char::from(b as u8).to_string()).copied());
-        Self { merges: table, byte_piece, n_vocab, extra_text, byte_chars, ascii_token }
+        let byte_piece =
+            std::array::from_fn(|b| intern(byte_chars[b].encode_utf8(&mut buf), &mut extra_text));
+        let ascii_token =
+            std::array::from_fn(|b| token_to_id.get(&char::from(b as u8).to_string()).copied());
+        Self {
+            merges: table,
+            byte_piece,
+            n_vocab,
+            extra_text,
+            byte_chars,
+            ascii_token,
+        }
     }
 
     /// The word's bytes in the byte alphabet, as the vocabulary spells them.
@@ -108,8 +123,13 @@ impl BpeModel {
 
         // Min-heap on (rank, left index); `size` detects entries made stale by other merges.
         let mut heap: BinaryHeap<Reverse<(u32, usize, usize, usize)>> = BinaryHeap::new();
-        let push = |heap: &mut BinaryHeap<_>, symbols: &[Symbol], left: Option<usize>, right: Option<usize>| {
-            let (Some(l), Some(r)) = (left, right) else { return };
+        let push = |heap: &mut BinaryHeap<_>,
+                    symbols: &[Symbol],
+                    left: Option<usize>,
+                    right: Option<usize>| {
+            let (Some(l), Some(r)) = (left, right) else {
+                return;
+            };
             if let Some(&(rank, _)) = self.merges.get(&(symbols[l].piece, symbols[r].piece)) {
                 heap.push(Reverse((rank, l, r, symbols[l].len + symbols[r].len)));
             }
@@ -123,7 +143,9 @@ impl BpeModel {
             if left.len == 0 || right.len == 0 || left.len + right.len != size {
                 continue;
             }
-            let Some(&(_, merged)) = self.merges.get(&(left.piece, right.piece)) else { continue };
+            let Some(&(_, merged)) = self.merges.get(&(left.piece, right.piece)) else {
+                continue;
+            };
             symbols[l].len += right.len;
             symbols[l].piece = merged;
             symbols[l].next = right.next;
@@ -150,8 +172,13 @@ impl BpeModel {
     /// A symbol that is not a token: llama.cpp looks up each byte of its byte-alphabet
     /// spelling as a one-byte token and drops the bytes that are not tokens.
     fn fallback(&self, piece: PieceId, out: &mut Vec<u32>) {
-        let Some(spelled) = self.extra_text.get((piece - self.n_vocab) as usize) else { return };
-        let ids = spelled.bytes().filter(u8::is_ascii).filter_map(|b| self.ascii_token[b as usize]);
+        let Some(spelled) = self.extra_text.get((piece - self.n_vocab) as usize) else {
+            return;
+        };
+        let ids = spelled
+            .bytes()
+            .filter(u8::is_ascii)
+            .filter_map(|b| self.ascii_token[b as usize]);
         out.extend(ids);
     }
 }
@@ -161,7 +188,11 @@ mod tests {
     use super::*;
 
     fn model(tokens: &[&str], merges: &[&str]) -> BpeModel {
-        let map = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
+        let map = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), i as u32))
+            .collect();
         let merges: Vec<String> = merges.iter().map(|m| m.to_string()).collect();
         BpeModel::new(&map, tokens.len() as u32, &merges)
     }

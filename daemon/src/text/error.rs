@@ -9,7 +9,11 @@ pub enum TextError {
     #[error("unknown pre-tokenizer '{0}': refusing to guess how this vocabulary splits text")]
     UnknownPreTokenizer(String),
     #[error("special token {name} = {id} is outside the vocabulary (size {vocab_size})")]
-    SpecialTokenOutOfRange { name: &'static str, id: u32, vocab_size: usize },
+    SpecialTokenOutOfRange {
+        name: &'static str,
+        id: u32,
+        vocab_size: usize,
+    },
     #[error("the vocabulary asks to add {0} but does not define its id")]
     MissingSpecialToken(&'static str),
     #[error("invalid vocabulary: {0}")]
@@ -21,11 +25,17 @@ pub enum TextError {
     #[error("chat template failed to render: {0}")]
     TemplateRender(String),
     #[error("invalid sampling parameter {field}: {message}")]
-    InvalidSampling { field: &'static str, message: String },
+    InvalidSampling {
+        field: &'static str,
+        message: String,
+    },
 }
 
 impl TextError {
     pub(crate) fn sampling(field: &'static str, message: impl Into<String>) -> Self {
-        TextError::InvalidSampling { field, message: message.into() }
+        TextError::InvalidSampling {
+            field,
+            message: message.into(),
+        }
     }
 }

@@ -47,7 +47,11 @@ impl PreTokenizer {
     pub fn from_name(name: &str) -> Result<Self, TextError> {
         use Rule::*;
         let (rules, ignore_merges, default_add_bos): (&'static [Rule], bool, bool) = match name {
-            "default" => (&[PunctuationRuns, Gpt2, NumberRuns, AsciiDigitTriples], false, false),
+            "default" => (
+                &[PunctuationRuns, Gpt2, NumberRuns, AsciiDigitTriples],
+                false,
+                false,
+            ),
             "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de" | "jina-v2-es"
             | "jina-v2-de" | "gigachat" | "a.x-4.0" | "mellum" | "exaone4" | "trillion"
             | "granite-docling" => (&[Gpt2], false, false),
@@ -61,7 +65,12 @@ impl PreTokenizer {
             }
             other => return Err(TextError::UnknownPreTokenizer(other.to_string())),
         };
-        Ok(Self { name: name.to_string(), rules, ignore_merges, default_add_bos })
+        Ok(Self {
+            name: name.to_string(),
+            rules,
+            ignore_merges,
+            default_add_bos,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -78,8 +87,13 @@ impl PreTokenizer {
 
     /// Splits `text` into words, returned as byte ranges that tile `text`.
     pub fn split(&self, text: &str) -> Vec<std::ops::Range<usize>> {
-        let (chars, byte_starts): (Vec<char>, Vec<usize>) = text.char_indices().map(|(i, c)| (c, i)).unzip();
-        let mut pieces = if chars.is_empty() { Vec::new() } else { vec![chars.len()] };
+        let (chars, byte_starts): (Vec<char>, Vec<usize>) =
+            text.char_indices().map(|(i, c)| (c, i)).unzip();
+        let mut pieces = if chars.is_empty() {
+            Vec::new()
+        } else {
+            vec![chars.len()]
+        };
         for &rule in self.rules {
             pieces = apply(rule, &chars, &pieces);
         }
@@ -100,7 +114,11 @@ fn apply(rule: Rule, cps: &[char], pieces: &[usize]) -> Vec<usize> {
     let mut out = Vec::with_capacity(pieces.len() * 2);
     let mut start = 0;
     for &len in pieces {
-        let frag = Fragment { cps, start, end: start + len };
+        let frag = Fragment {
+            cps,
+            start,
+            end: start + len,
+        };
         match rule {
             Rule::Gpt2 => split_gpt2(&frag, &mut out),
             Rule::Llama3 => split_llama3(&frag, &mut out, Some(3)),
@@ -161,7 +179,10 @@ fn contraction(f: &Fragment, pos: usize, fold: bool) -> Option<usize> {
     }
     if pos + 2 < f.end {
         let pair = (next, lower(f.cpt(pos + 2)));
-        if matches!(pair, (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))) {
+        if matches!(
+            pair,
+            (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l'))
+        ) {
             return Some(3);
         }
     }
@@ -169,12 +190,15 @@ fn contraction(f: &Fragment, pos: usize, fold: bool) -> Option<usize> {
 }
 
 fn is_symbol_run(fl: Flags) -> bool {
-    !(fl.is_whitespace() || fl.is_letter() || fl.is_number()) && !fl.is_none()
+    !(fl.is_whitespace() || fl.is_letter() || fl.is_number() || fl.is_none())
 }
 
 /// Port of llama.cpp's `unicode_regex_split_custom_gpt2`.
 fn split_gpt2(f: &Fragment, out: &mut Vec<usize>) {
-    let mut em = Emitter { out, prev_end: f.start };
+    let mut em = Emitter {
+        out,
+        prev_end: f.start,
+    };
     let mut pos = f.start;
     while pos < f.end {
         let cpt = f.cps[pos];
@@ -204,7 +228,10 @@ fn split_gpt2(f: &Fragment, out: &mut Vec<usize>) {
 /// `unicode_regex_split_custom_qwen2` (`max_digits` 1).
 fn split_llama3(f: &Fragment, out: &mut Vec<usize>, max_digits: Option<usize>) {
     let max_digits = max_digits.unwrap_or(usize::MAX);
-    let mut em = Emitter { out, prev_end: f.start };
+    let mut em = Emitter {
+        out,
+        prev_end: f.start,
+    };
     let mut pos = f.start;
     while pos < f.end {
         let cpt = f.cps[pos];
@@ -214,7 +241,9 @@ fn split_llama3(f: &Fragment, out: &mut Vec<usize>, max_digits: Option<usize>) {
             continue;
         }
         // `[^\r\n\p{L}\p{N}]?\p{L}+`
-        if !(cpt == '\r' || cpt == '\n' || flags.is_number()) && (flags.is_letter() || f.flags(pos + 1).is_letter()) {
+        if !(cpt == '\r' || cpt == '\n' || flags.is_number())
+            && (flags.is_letter() || f.flags(pos + 1).is_letter())
+        {
             pos += 1;
             while f.flags(pos).is_letter() {
                 pos += 1;
@@ -237,7 +266,8 @@ fn split_llama3(f: &Fragment, out: &mut Vec<usize>, max_digits: Option<usize>) {
         }
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*` (llama.cpp tests the first char's own flags here)
         let mut flags2 = if cpt == ' ' { f.flags(pos + 1) } else { flags };
-        if !(flags2.is_whitespace() || flags2.is_letter() || flags2.is_number()) && !flags.is_none() {
+        if !(flags2.is_whitespace() || flags2.is_letter() || flags2.is_number() || flags.is_none())
+        {
             pos += usize::from(cpt == ' ');
             while is_symbol_run(flags2) {
                 pos += 1;
@@ -305,7 +335,10 @@ fn is_punctuation_run_char(c: char) -> bool {
 /// Splits a fragment into matches of a one-char class (each char alone, or maximal runs
 /// when `runs`) and the text between them.
 fn split_class(f: &Fragment, out: &mut Vec<usize>, class: fn(char) -> bool, runs: bool) {
-    let mut em = Emitter { out, prev_end: f.start };
+    let mut em = Emitter {
+        out,
+        prev_end: f.start,
+    };
     let mut pos = f.start;
     while pos < f.end {
         if class(f.cps[pos]) {
@@ -323,7 +356,10 @@ fn split_class(f: &Fragment, out: &mut Vec<usize>, class: fn(char) -> bool, runs
 }
 
 fn split_ascii_digit_triples(f: &Fragment, out: &mut Vec<usize>) {
-    let mut em = Emitter { out, prev_end: f.start };
+    let mut em = Emitter {
+        out,
+        prev_end: f.start,
+    };
     let mut pos = f.start;
     while pos < f.end {
         if pos + 3 <= f.end && f.cps[pos..pos + 3].iter().all(char::is_ascii_digit) {
@@ -343,7 +379,10 @@ mod tests {
 
     fn words(pre: &str, text: &str) -> Vec<String> {
         let p = PreTokenizer::from_name(pre).expect("known pre-tokenizer");
-        p.split(text).into_iter().map(|r| text[r].to_string()).collect()
+        p.split(text)
+            .into_iter()
+            .map(|r| text[r].to_string())
+            .collect()
     }
 
     #[test]
@@ -365,14 +404,20 @@ mod tests {
 
     #[test]
     fn smollm_isolates_digits() {
-        assert_eq!(words("smollm", "year 2024."), ["year", " ", "2", "0", "2", "4", "."]);
+        assert_eq!(
+            words("smollm", "year 2024."),
+            ["year", " ", "2", "0", "2", "4", "."]
+        );
         assert_eq!(words("smollm", "٣4"), ["٣", "4"]);
     }
 
     #[test]
     fn llama3_groups_digits_in_threes_and_keeps_newline_runs() {
         assert_eq!(words("llama-bpe", "1234567"), ["123", "456", "7"]);
-        assert_eq!(words("llama-bpe", "Hi!\n\n  there"), ["Hi", "!\n\n", " ", " there"]);
+        assert_eq!(
+            words("llama-bpe", "Hi!\n\n  there"),
+            ["Hi", "!\n\n", " ", " there"]
+        );
         assert_eq!(words("llama-bpe", "DON'T"), ["DON", "'T"]);
         assert_eq!(words("llama-bpe", "a \n b"), ["a", " \n", " b"]);
     }
@@ -385,7 +430,10 @@ mod tests {
 
     #[test]
     fn default_splits_punctuation_numbers_and_digit_triples() {
-        assert_eq!(words("default", "a+b=12345"), ["a", "+", "b", "=", "123", "45"]);
+        assert_eq!(
+            words("default", "a+b=12345"),
+            ["a", "+", "b", "=", "123", "45"]
+        );
         assert_eq!(words("default", "x `y`"), ["x", " `", "y", "`"]);
     }
 
@@ -397,6 +445,9 @@ mod tests {
             let joined: String = p.split(text).into_iter().map(|r| &text[r]).collect();
             assert_eq!(joined, text, "{pre}");
         }
-        assert!(PreTokenizer::from_name("gpt-2").unwrap().split("").is_empty());
+        assert!(PreTokenizer::from_name("gpt-2")
+            .unwrap()
+            .split("")
+            .is_empty());
     }
 }

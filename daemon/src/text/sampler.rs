@@ -13,29 +13,53 @@ use super::{TextError, Tokenizer};
 pub fn validate(params: &SamplingParams, vocab_size: usize) -> Result<(), TextError> {
     let p = params;
     if !(p.temperature.is_finite() && p.temperature >= 0.0) {
-        return Err(TextError::sampling("temperature", format!("must be finite and >= 0, got {}", p.temperature)));
+        return Err(TextError::sampling(
+            "temperature",
+            format!("must be finite and >= 0, got {}", p.temperature),
+        ));
     }
     if !(p.top_p > 0.0 && p.top_p <= 1.0) {
-        return Err(TextError::sampling("top_p", format!("must be in (0, 1], got {}", p.top_p)));
+        return Err(TextError::sampling(
+            "top_p",
+            format!("must be in (0, 1], got {}", p.top_p),
+        ));
     }
     if !(0.0..=1.0).contains(&p.min_p) {
-        return Err(TextError::sampling("min_p", format!("must be in [0, 1], got {}", p.min_p)));
+        return Err(TextError::sampling(
+            "min_p",
+            format!("must be in [0, 1], got {}", p.min_p),
+        ));
     }
     if !(p.repeat_penalty.is_finite() && p.repeat_penalty > 0.0) {
-        return Err(TextError::sampling("repeat_penalty", format!("must be finite and > 0, got {}", p.repeat_penalty)));
+        return Err(TextError::sampling(
+            "repeat_penalty",
+            format!("must be finite and > 0, got {}", p.repeat_penalty),
+        ));
     }
-    for (field, v) in [("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)] {
+    for (field, v) in [
+        ("presence_penalty", p.presence_penalty),
+        ("frequency_penalty", p.frequency_penalty),
+    ] {
         if !(-2.0..=2.0).contains(&v) {
-            return Err(TextError::sampling(field, format!("must be in [-2, 2], got {v}")));
+            return Err(TextError::sampling(
+                field,
+                format!("must be in [-2, 2], got {v}"),
+            ));
         }
     }
     for &(id, bias) in &p.logit_bias {
         if id as usize >= vocab_size {
-            return Err(TextError::sampling("logit_bias", format!("token id {id} is outside the vocabulary (size {vocab_size})")));
+            return Err(TextError::sampling(
+                "logit_bias",
+                format!("token id {id} is outside the vocabulary (size {vocab_size})"),
+            ));
         }
         // -inf bans a token; +inf or NaN would poison the distribution.
         if bias.is_nan() || bias == f32::INFINITY {
-            return Err(TextError::sampling("logit_bias", format!("bias for token {id} must be finite or -inf, got {bias}")));
+            return Err(TextError::sampling(
+                "logit_bias",
+                format!("bias for token {id} must be finite or -inf, got {bias}"),
+            ));
         }
     }
     Ok(())
@@ -91,7 +115,13 @@ impl Sampler {
     pub fn new(params: &SamplingParams, vocab_size: usize) -> Result<Self, TextError> {
         validate(params, vocab_size)?;
         let seed = params.seed.unwrap_or_else(rand::random);
-        Ok(Self { params: params.clone(), seed, rng: Rng(seed), candidates: Vec::new(), window: Vec::new() })
+        Ok(Self {
+            params: params.clone(),
+            seed,
+            rng: Rng(seed),
+            candidates: Vec::new(),
+            window: Vec::new(),
+        })
     }
 
     /// The seed in use, so that a run without one can be reproduced.
@@ -122,24 +152,45 @@ impl Sampler {
         let (lse, top) = log_softmax_top(logits, top_n);
         // Bias and penalties only touch these ids; keep their original logits so that the
         // chosen token's logprob is on the model's distribution.
-        let window = &history[history.len().saturating_sub(self.params.repeat_last_n as usize)..];
+        let window = &history[history
+            .len()
+            .saturating_sub(self.params.repeat_last_n as usize)..];
         let touched: Vec<(u32, f32)> = (self.params.logit_bias.iter().map(|b| b.0))
             .chain(window.iter().copied())
             .filter_map(|id| logits.get(id as usize).map(|&l| (id, l)))
             .collect();
         let id = self.sample(logits, history);
-        let original = touched.iter().find(|t| t.0 == id).map(|t| t.1).or_else(|| logits.get(id as usize).copied());
+        let original = touched
+            .iter()
+            .find(|t| t.0 == id)
+            .map(|t| t.1)
+            .or_else(|| logits.get(id as usize).copied());
         let logprob = original.map_or(f32::NEG_INFINITY, |l| clean(l) - lse);
-        let top = top.into_iter().map(|(t, lp)| (t, tokenizer.piece(t), lp)).collect();
+        let top = top
+            .into_iter()
+            .map(|(t, lp)| (t, tokenizer.piece(t), lp))
+            .collect();
         (id, TokenLogprobs { logprob, top })
     }
 
     /// Log-probabilities of `chosen` and the `top_n` most likely tokens under `logits`
     /// (which should be the unmodified row).
-    pub fn logprobs(&self, logits: &[f32], chosen: u32, top_n: usize, tokenizer: &Tokenizer) -> TokenLogprobs {
+    pub fn logprobs(
+        &self,
+        logits: &[f32],
+        chosen: u32,
+        top_n: usize,
+        tokenizer: &Tokenizer,
+    ) -> TokenLogprobs {
         let (lse, top) = log_softmax_top(logits, top_n);
-        let logprob = logits.get(chosen as usize).copied().map_or(f32::NEG_INFINITY, |l| clean(l) - lse);
-        let top = top.into_iter().map(|(t, lp)| (t, tokenizer.piece(t), lp)).collect();
+        let logprob = logits
+            .get(chosen as usize)
+            .copied()
+            .map_or(f32::NEG_INFINITY, |l| clean(l) - lse);
+        let top = top
+            .into_iter()
+            .map(|(t, lp)| (t, tokenizer.piece(t), lp))
+            .collect();
         TokenLogprobs { logprob, top }
     }
 
@@ -157,14 +208,19 @@ impl Sampler {
     fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
         let p = &self.params;
         let n = p.repeat_last_n as usize;
-        if n == 0 || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0) {
+        if n == 0
+            || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0)
+        {
             return;
         }
         self.window.clear();
-        self.window.extend_from_slice(&history[history.len().saturating_sub(n)..]);
+        self.window
+            .extend_from_slice(&history[history.len().saturating_sub(n)..]);
         self.window.sort_unstable();
         for run in self.window.chunk_by(|a, b| a == b) {
-            let Some(l) = logits.get_mut(run[0] as usize) else { continue };
+            let Some(l) = logits.get_mut(run[0] as usize) else {
+                continue;
+            };
             if *l <= 0.0 {
                 *l *= p.repeat_penalty;
             } else {
@@ -178,7 +234,12 @@ impl Sampler {
         let p = &self.params;
         let cands = &mut self.candidates;
         cands.clear();
-        cands.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, clean(l))));
+        cands.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, clean(l))),
+        );
         if cands.is_empty() {
             return 0;
         }
@@ -205,7 +266,11 @@ impl Sampler {
         if p.top_p < 1.0 {
             let total: f64 = cands.iter().map(|c| f64::from(c.1 - max).exp()).sum();
             let target = f64::from(p.top_p) * total;
-            let mut head = if sorted { cands.len() } else { 64.min(cands.len()) };
+            let mut head = if sorted {
+                cands.len()
+            } else {
+                64.min(cands.len())
+            };
             loop {
                 if !sorted {
                     if head < cands.len() {
@@ -246,7 +311,11 @@ impl Sampler {
             }
         }
         // Rounding left a sliver: the last candidate with any weight takes it.
-        cands.iter().rev().find(|c| c.1 > f32::NEG_INFINITY).map_or(cands[0].0, |c| c.0)
+        cands
+            .iter()
+            .rev()
+            .find(|c| c.1 > f32::NEG_INFINITY)
+            .map_or(cands[0].0, |c| c.0)
     }
 }
 
@@ -265,13 +334,24 @@ fn argmax(logits: &[f32]) -> u32 {
 
 /// Log-sum-exp of the row and its `top_n` entries as `(id, logprob)`, most likely first.
 fn log_softmax_top(logits: &[f32], top_n: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().map(clean).fold(f32::NEG_INFINITY, f32::max);
+    let max = logits
+        .iter()
+        .copied()
+        .map(clean)
+        .fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return (f32::NEG_INFINITY, Vec::new());
     }
-    let sum: f64 = logits.iter().map(|&l| f64::from(clean(l) - max).exp()).sum();
+    let sum: f64 = logits
+        .iter()
+        .map(|&l| f64::from(clean(l) - max).exp())
+        .sum();
     let lse = max + sum.ln() as f32;
-    let mut top: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, clean(l))).collect();
+    let mut top: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, clean(l)))
+        .collect();
     let n = top_n.min(top.len());
     if n == 0 {
         return (lse, Vec::new());

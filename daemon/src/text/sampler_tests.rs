@@ -4,7 +4,10 @@ use super::*;
 use crate::text::tokenizer::tests::bpe_spec;
 
 fn params() -> SamplingParams {
-    SamplingParams { seed: Some(7), ..SamplingParams::default() }
+    SamplingParams {
+        seed: Some(7),
+        ..SamplingParams::default()
+    }
 }
 
 fn sampler(p: SamplingParams) -> Sampler {
@@ -25,28 +28,122 @@ fn histogram(s: &mut Sampler, logits: &[f32], n: usize) -> Vec<usize> {
 fn validation_names_the_field() {
     assert!(validate(&SamplingParams::default(), 10).is_ok());
     let cases: Vec<(&str, SamplingParams)> = vec![
-        ("temperature", SamplingParams { temperature: -0.5, ..params() }),
-        ("temperature", SamplingParams { temperature: f32::NAN, ..params() }),
-        ("temperature", SamplingParams { temperature: f32::INFINITY, ..params() }),
-        ("top_p", SamplingParams { top_p: 0.0, ..params() }),
-        ("top_p", SamplingParams { top_p: 1.5, ..params() }),
-        ("top_p", SamplingParams { top_p: f32::NAN, ..params() }),
-        ("min_p", SamplingParams { min_p: -0.1, ..params() }),
-        ("min_p", SamplingParams { min_p: 1.1, ..params() }),
-        ("repeat_penalty", SamplingParams { repeat_penalty: 0.0, ..params() }),
-        ("presence_penalty", SamplingParams { presence_penalty: 2.5, ..params() }),
-        ("frequency_penalty", SamplingParams { frequency_penalty: -3.0, ..params() }),
-        ("frequency_penalty", SamplingParams { frequency_penalty: f32::NAN, ..params() }),
-        ("logit_bias", SamplingParams { logit_bias: vec![(10, 1.0)], ..params() }),
-        ("logit_bias", SamplingParams { logit_bias: vec![(1, f32::NAN)], ..params() }),
+        (
+            "temperature",
+            SamplingParams {
+                temperature: -0.5,
+                ..params()
+            },
+        ),
+        (
+            "temperature",
+            SamplingParams {
+                temperature: f32::NAN,
+                ..params()
+            },
+        ),
+        (
+            "temperature",
+            SamplingParams {
+                temperature: f32::INFINITY,
+                ..params()
+            },
+        ),
+        (
+            "top_p",
+            SamplingParams {
+                top_p: 0.0,
+                ..params()
+            },
+        ),
+        (
+            "top_p",
+            SamplingParams {
+                top_p: 1.5,
+                ..params()
+            },
+        ),
+        (
+            "top_p",
+            SamplingParams {
+                top_p: f32::NAN,
+                ..params()
+            },
+        ),
+        (
+            "min_p",
+            SamplingParams {
+                min_p: -0.1,
+                ..params()
+            },
+        ),
+        (
+            "min_p",
+            SamplingParams {
+                min_p: 1.1,
+                ..params()
+            },
+        ),
+        (
+            "repeat_penalty",
+            SamplingParams {
+                repeat_penalty: 0.0,
+                ..params()
+            },
+        ),
+        (
+            "presence_penalty",
+            SamplingParams {
+                presence_penalty: 2.5,
+                ..params()
+            },
+        ),
+        (
+            "frequency_penalty",
+            SamplingParams {
+                frequency_penalty: -3.0,
+                ..params()
+            },
+        ),
+        (
+            "frequency_penalty",
+            SamplingParams {
+                frequency_penalty: f32::NAN,
+                ..params()
+            },
+        ),
+        (
+            "logit_bias",
+            SamplingParams {
+                logit_bias: vec![(10, 1.0)],
+                ..params()
+            },
+        ),
+        (
+            "logit_bias",
+            SamplingParams {
+                logit_bias: vec![(1, f32::NAN)],
+                ..params()
+            },
+        ),
     ];
     for (field, p) in cases {
         let err = validate(&p, 10).expect_err(field);
-        assert!(matches!(&err, TextError::InvalidSampling { field: f, .. } if *f == field), "{field}: {err}");
+        assert!(
+            matches!(&err, TextError::InvalidSampling { field: f, .. } if *f == field),
+            "{field}: {err}"
+        );
         assert!(err.to_string().contains(field), "{err}");
     }
     // Banning a token with -inf is allowed.
-    assert!(validate(&SamplingParams { logit_bias: vec![(3, f32::NEG_INFINITY)], ..params() }, 10).is_ok());
+    assert!(validate(
+        &SamplingParams {
+            logit_bias: vec![(3, f32::NEG_INFINITY)],
+            ..params()
+        },
+        10
+    )
+    .is_ok());
 }
 
 #[test]
@@ -54,13 +151,21 @@ fn greedy_takes_the_highest_logit_and_the_lowest_id_on_ties() {
     let mut s = sampler(params());
     assert_eq!(s.sample(&mut [0.1, 3.0, -2.0, 3.0], &[]), 1);
     assert_eq!(s.sample(&mut [f32::NAN, 0.5, 0.2], &[]), 1);
-    let mut s = sampler(SamplingParams { logit_bias: vec![(2, 10.0), (1, f32::NEG_INFINITY)], ..params() });
+    let mut s = sampler(SamplingParams {
+        logit_bias: vec![(2, 10.0), (1, f32::NEG_INFINITY)],
+        ..params()
+    });
     assert_eq!(s.sample(&mut [0.0, 5.0, 0.0], &[]), 2);
 }
 
 #[test]
 fn penalties_follow_llama_cpp() {
-    let p = SamplingParams { repeat_penalty: 2.0, frequency_penalty: 0.5, presence_penalty: 0.25, ..params() };
+    let p = SamplingParams {
+        repeat_penalty: 2.0,
+        frequency_penalty: 0.5,
+        presence_penalty: 0.25,
+        ..params()
+    };
     let mut s = sampler(p);
     let mut logits = [2.0, -1.0, 0.5];
     let chosen = s.sample(&mut logits, &[0, 0, 1]);
@@ -71,13 +176,21 @@ fn penalties_follow_llama_cpp() {
 
 #[test]
 fn penalties_only_look_at_the_last_n_tokens() {
-    let p = SamplingParams { repeat_penalty: 4.0, repeat_last_n: 2, ..params() };
+    let p = SamplingParams {
+        repeat_penalty: 4.0,
+        repeat_last_n: 2,
+        ..params()
+    };
     let mut s = sampler(p);
     let mut logits = [2.0, 1.0, 1.0];
     // Token 0 is outside the window of the last two tokens.
     s.sample(&mut logits, &[0, 1, 2]);
     assert_eq!(logits, [2.0, 0.25, 0.25]);
-    let mut s = sampler(SamplingParams { repeat_penalty: 4.0, repeat_last_n: 0, ..params() });
+    let mut s = sampler(SamplingParams {
+        repeat_penalty: 4.0,
+        repeat_last_n: 0,
+        ..params()
+    });
     let mut logits = [2.0, 1.0];
     s.sample(&mut logits, &[0, 1]);
     assert_eq!(logits, [2.0, 1.0]);
@@ -86,11 +199,24 @@ fn penalties_only_look_at_the_last_n_tokens() {
 #[test]
 fn same_seed_same_tokens_whatever_else_runs() {
     let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-    let p = SamplingParams { temperature: 1.0, ..params() };
-    let run = |s: &mut Sampler| -> Vec<u32> { (0..40).map(|_| s.sample(&mut logits.clone(), &[])).collect() };
+    let p = SamplingParams {
+        temperature: 1.0,
+        ..params()
+    };
+    let run = |s: &mut Sampler| -> Vec<u32> {
+        (0..40)
+            .map(|_| s.sample(&mut logits.clone(), &[]))
+            .collect()
+    };
     let alone = run(&mut sampler(p.clone()));
     // Interleave with another sampler: each keeps its own stream.
-    let (mut a, mut b) = (sampler(p.clone()), sampler(SamplingParams { seed: Some(8), ..p.clone() }));
+    let (mut a, mut b) = (
+        sampler(p.clone()),
+        sampler(SamplingParams {
+            seed: Some(8),
+            ..p.clone()
+        }),
+    );
     let mut interleaved = Vec::new();
     for _ in 0..40 {
         interleaved.push(a.sample(&mut logits.clone(), &[]));
@@ -103,20 +229,33 @@ fn same_seed_same_tokens_whatever_else_runs() {
 
 #[test]
 fn missing_seed_is_drawn_and_reported() {
-    let p = SamplingParams { seed: None, temperature: 1.0, ..SamplingParams::default() };
+    let p = SamplingParams {
+        seed: None,
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
     let s = Sampler::new(&p, 10).unwrap();
     let logits: Vec<f32> = (0..10).map(|i| i as f32 * 0.1).collect();
-    let replay = SamplingParams { seed: Some(s.seed()), ..p };
+    let replay = SamplingParams {
+        seed: Some(s.seed()),
+        ..p
+    };
     let (mut a, mut b) = (s, Sampler::new(&replay, 10).unwrap());
     for _ in 0..20 {
-        assert_eq!(a.sample(&mut logits.clone(), &[]), b.sample(&mut logits.clone(), &[]));
+        assert_eq!(
+            a.sample(&mut logits.clone(), &[]),
+            b.sample(&mut logits.clone(), &[])
+        );
     }
 }
 
 #[test]
 fn draws_follow_the_softmax_distribution() {
     let logits = [0.0f32, 1.0, 2.0, -1.0];
-    let mut s = sampler(SamplingParams { temperature: 1.0, ..params() });
+    let mut s = sampler(SamplingParams {
+        temperature: 1.0,
+        ..params()
+    });
     let n = 40_000;
     let counts = histogram(&mut s, &logits, n);
     let z: f32 = logits.iter().map(|l| l.exp()).sum();
@@ -126,7 +265,10 @@ fn draws_follow_the_softmax_distribution() {
         assert!((got - want).abs() < 0.01, "token {i}: {got} vs {want}");
     }
     // A low temperature sharpens the distribution towards the best token.
-    let mut cold = sampler(SamplingParams { temperature: 0.25, ..params() });
+    let mut cold = sampler(SamplingParams {
+        temperature: 0.25,
+        ..params()
+    });
     let counts = histogram(&mut cold, &logits, 2000);
     assert!(counts[2] > 1900, "{counts:?}");
 }
@@ -134,19 +276,58 @@ fn draws_follow_the_softmax_distribution() {
 #[test]
 fn top_k_top_p_and_min_p_cut_the_tail() {
     let logits = [0.5f32.ln(), 0.3f32.ln(), 0.15f32.ln(), 0.05f32.ln()];
-    let hot = |extra: SamplingParams| sampler(SamplingParams { temperature: 1.0, ..extra });
+    let hot = |extra: SamplingParams| {
+        sampler(SamplingParams {
+            temperature: 1.0,
+            ..extra
+        })
+    };
 
-    let counts = histogram(&mut hot(SamplingParams { top_k: 2, ..params() }), &logits, 4000);
-    assert!(counts[0] > 0 && counts[1] > 0 && counts[2] == 0 && counts[3] == 0, "{counts:?}");
+    let counts = histogram(
+        &mut hot(SamplingParams {
+            top_k: 2,
+            ..params()
+        }),
+        &logits,
+        4000,
+    );
+    assert!(
+        counts[0] > 0 && counts[1] > 0 && counts[2] == 0 && counts[3] == 0,
+        "{counts:?}"
+    );
 
     // 0.5 + 0.3 reaches 0.7: the two best stay.
-    let counts = histogram(&mut hot(SamplingParams { top_p: 0.7, ..params() }), &logits, 4000);
-    assert!(counts[0] > 0 && counts[1] > 0 && counts[2] == 0 && counts[3] == 0, "{counts:?}");
-    let counts = histogram(&mut hot(SamplingParams { top_p: 0.81, ..params() }), &logits, 4000);
+    let counts = histogram(
+        &mut hot(SamplingParams {
+            top_p: 0.7,
+            ..params()
+        }),
+        &logits,
+        4000,
+    );
+    assert!(
+        counts[0] > 0 && counts[1] > 0 && counts[2] == 0 && counts[3] == 0,
+        "{counts:?}"
+    );
+    let counts = histogram(
+        &mut hot(SamplingParams {
+            top_p: 0.81,
+            ..params()
+        }),
+        &logits,
+        4000,
+    );
     assert!(counts[2] > 0 && counts[3] == 0, "{counts:?}");
 
     // min_p 0.25: tokens below 0.125 (a quarter of the best) go.
-    let counts = histogram(&mut hot(SamplingParams { min_p: 0.25, ..params() }), &logits, 4000);
+    let counts = histogram(
+        &mut hot(SamplingParams {
+            min_p: 0.25,
+            ..params()
+        }),
+        &logits,
+        4000,
+    );
     assert!(counts[2] > 0 && counts[3] == 0, "{counts:?}");
 }
 
@@ -157,13 +338,24 @@ fn top_p_over_a_large_vocabulary() {
     for (i, id) in [149_999usize, 3, 70_000, 500].iter().enumerate() {
         logits[*id] = 10.0 - i as f32;
     }
-    let mut s = sampler(SamplingParams { temperature: 1.0, top_p: 0.9, ..params() });
+    let mut s = sampler(SamplingParams {
+        temperature: 1.0,
+        top_p: 0.9,
+        ..params()
+    });
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..300 {
         seen.insert(s.sample(&mut logits.clone(), &[]));
     }
-    assert!(seen.contains(&149_999) && seen.iter().all(|id| [149_999, 3, 70_000, 500].contains(id)), "{seen:?}");
-    let mut s = sampler(SamplingParams { temperature: 1.0, top_k: 2, ..params() });
+    assert!(
+        seen.contains(&149_999) && seen.iter().all(|id| [149_999, 3, 70_000, 500].contains(id)),
+        "{seen:?}"
+    );
+    let mut s = sampler(SamplingParams {
+        temperature: 1.0,
+        top_k: 2,
+        ..params()
+    });
     for _ in 0..100 {
         assert!([149_999, 3].contains(&s.sample(&mut logits.clone(), &[])));
     }
@@ -175,11 +367,22 @@ fn logprobs_are_on_the_unmodified_distribution() {
     let n = tok.vocab_size();
     let mut logits: Vec<f32> = (0..n).map(|i| (i as f32 * 0.01).cos()).collect();
     let z: f32 = logits.iter().map(|l| l.exp()).sum();
-    let mut s = Sampler::new(&SamplingParams { logit_bias: vec![(5, 100.0)], ..params() }, n).unwrap();
+    let mut s = Sampler::new(
+        &SamplingParams {
+            logit_bias: vec![(5, 100.0)],
+            ..params()
+        },
+        n,
+    )
+    .unwrap();
     let original = logits.clone();
     let (id, lp) = s.sample_with_logprobs(&mut logits, &[], 3, &tok);
     assert_eq!(id, 5, "the bias forces token 5");
-    assert!((lp.logprob - (original[5].exp() / z).ln()).abs() < 1e-4, "{}", lp.logprob);
+    assert!(
+        (lp.logprob - (original[5].exp() / z).ln()).abs() < 1e-4,
+        "{}",
+        lp.logprob
+    );
     assert_eq!(lp.top.len(), 3);
     assert_eq!(lp.top[0].0, 0, "cos is largest at 0");
     assert!(lp.top.windows(2).all(|w| w[0].2 >= w[1].2));

@@ -41,13 +41,19 @@ impl TokenizerSpec {
     pub fn from_gguf(meta: &Metadata) -> Result<Self, TextError> {
         let model = meta.get_str("tokenizer.ggml.model")?.to_string();
         let pre = meta.opt_str("tokenizer.ggml.pre")?.map(str::to_string);
-        let tokens: Vec<String> =
-            meta.get_str_array("tokenizer.ggml.tokens")?.into_iter().map(str::to_string).collect();
+        let tokens: Vec<String> = meta
+            .get_str_array("tokenizer.ggml.tokens")?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
         let token_types = optional(meta, "tokenizer.ggml.token_type", Metadata::get_i32_array)?;
         let scores = optional(meta, "tokenizer.ggml.scores", Metadata::get_f32_array)?;
         let is_spm = model == "llama";
         let merges = if model == "gpt2" {
-            meta.get_str_array("tokenizer.ggml.merges")?.into_iter().map(str::to_string).collect()
+            meta.get_str_array("tokenizer.ggml.merges")?
+                .into_iter()
+                .map(str::to_string)
+                .collect()
         } else {
             Vec::new()
         };
@@ -67,9 +73,15 @@ impl TokenizerSpec {
             eom: special_id(meta, "tokenizer.ggml.eom_token_id")?,
             pad: special_id(meta, "tokenizer.ggml.padding_token_id")?,
             unk: special_id(meta, "tokenizer.ggml.unknown_token_id")?.or(spm_default(0)),
-            add_bos: meta.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos),
-            add_eos: meta.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
-            add_space_prefix: meta.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(is_spm),
+            add_bos: meta
+                .opt_bool("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(default_add_bos),
+            add_eos: meta
+                .opt_bool("tokenizer.ggml.add_eos_token")?
+                .unwrap_or(false),
+            add_space_prefix: meta
+                .opt_bool("tokenizer.ggml.add_space_prefix")?
+                .unwrap_or(is_spm),
             model,
             pre,
             tokens,

@@ -46,13 +46,46 @@ pub(crate) const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 /// Fill-in-the-middle tokens: llama.cpp marks them control, and the pad, repo and file
 /// separator ones also end generation.
 pub(crate) const FIM_TEXTS: &[&[&str]] = &[
-    &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"],
-    &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"],
-    &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"],
+    &[
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ],
+    &[
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ],
+    &[
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ],
 ];
 pub(crate) const FIM_EOG_TEXTS: &[&[&str]] = &[
     &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
-    &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"],
+    &[
+        "<|fim_repo|>",
+        "<|repo_name|>",
+        "<fim-repo>",
+        "<REPO>",
+        "<reponame>",
+    ],
     &["<|file_sep|>"],
 ];
 
@@ -92,7 +125,10 @@ pub(crate) enum Fragment {
 /// Splits `text` around occurrences of the given special tokens, longest token text first
 /// (llama.cpp's `tokenizer_st_partition`): each token in turn is cut out of every
 /// remaining text fragment, left to right.
-pub(crate) fn partition<'a>(text: &str, specials: impl Iterator<Item = (u32, &'a str)>) -> Vec<Fragment> {
+pub(crate) fn partition<'a>(
+    text: &str,
+    specials: impl Iterator<Item = (u32, &'a str)>,
+) -> Vec<Fragment> {
     let mut frags = vec![Fragment::Text(0..text.len())];
     if text.is_empty() {
         return Vec::new();
@@ -136,9 +172,17 @@ mod tests {
         let frags = partition(text, [(2, "<ab>"), (1, "<a>")].into_iter());
         assert_eq!(
             frags,
-            [Fragment::Token(1), Fragment::Token(2), Fragment::Text(7..8), Fragment::Token(1)]
+            [
+                Fragment::Token(1),
+                Fragment::Token(2),
+                Fragment::Text(7..8),
+                Fragment::Token(1)
+            ]
         );
         assert!(partition("", [(1, "<a>")].into_iter()).is_empty());
-        assert_eq!(partition("plain", [(1, "<a>")].into_iter()), [Fragment::Text(0..5)]);
+        assert_eq!(
+            partition("plain", [(1, "<a>")].into_iter()),
+            [Fragment::Text(0..5)]
+        );
     }
 }

@@ -32,7 +32,9 @@ impl PartialOrd for Bigram {
 impl Ord for Bigram {
     /// Max-heap order: higher score first, then the lower left index.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -66,13 +68,23 @@ pub(crate) fn encode(
         .collect();
 
     let mut heap = BinaryHeap::new();
-    let try_add = |heap: &mut BinaryHeap<Bigram>, symbols: &[Symbol], left: Option<usize>, right: Option<usize>| {
-        let (Some(l), Some(r)) = (left, right) else { return };
+    let try_add = |heap: &mut BinaryHeap<Bigram>,
+                   symbols: &[Symbol],
+                   left: Option<usize>,
+                   right: Option<usize>| {
+        let (Some(l), Some(r)) = (left, right) else {
+            return;
+        };
         let size = symbols[l].len + symbols[r].len;
         let pair = &text[symbols[l].start..symbols[l].start + size];
         if let Some(&id) = token_to_id.get(pair) {
             let score = scores.get(id as usize).copied().unwrap_or(0.0);
-            heap.push(Bigram { score, left: l, right: r, size });
+            heap.push(Bigram {
+                score,
+                left: l,
+                right: r,
+                size,
+            });
         }
     };
     for i in 1..n {
@@ -111,13 +123,24 @@ mod tests {
     use super::*;
 
     fn vocab(tokens: &[(&str, f32)]) -> (FxHashMap<String, u32>, Vec<f32>) {
-        let map = tokens.iter().enumerate().map(|(i, (t, _))| (t.to_string(), i as u32)).collect();
+        let map = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| (t.to_string(), i as u32))
+            .collect();
         (map, tokens.iter().map(|&(_, s)| s).collect())
     }
 
     #[test]
     fn merges_by_score_and_falls_back_to_bytes() {
-        let (map, scores) = vocab(&[("▁", -1.0), ("h", -2.0), ("i", -2.0), ("▁h", -5.0), ("hi", -3.0), ("▁hi", -4.0)]);
+        let (map, scores) = vocab(&[
+            ("▁", -1.0),
+            ("h", -2.0),
+            ("i", -2.0),
+            ("▁h", -5.0),
+            ("hi", -3.0),
+            ("▁hi", -4.0),
+        ]);
         let mut out = Vec::new();
         // "hi" (-3) beats "▁h" (-5), then "▁" + "hi" -> "▁hi".
         encode("▁hi", &map, &scores, |_| None, &mut out);

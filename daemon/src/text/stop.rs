@@ -25,8 +25,17 @@ pub struct StopMatcher {
 impl StopMatcher {
     /// Empty stop strings are ignored (they would match before any text).
     pub fn new<S: AsRef<str>>(stops: &[S]) -> Self {
-        let stops = stops.iter().map(|s| s.as_ref()).filter(|s| !s.is_empty()).map(String::from).collect();
-        Self { stops, held: String::new(), stopped: false }
+        let stops = stops
+            .iter()
+            .map(|s| s.as_ref())
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        Self {
+            stops,
+            held: String::new(),
+            stopped: false,
+        }
     }
 
     /// Whether any stop strings are set; without any, `push` releases everything at once.
@@ -41,23 +50,36 @@ impl StopMatcher {
     /// Feeds the next delta. After a stop, everything is swallowed.
     pub fn push(&mut self, delta: &str) -> StopOutput {
         if self.stopped {
-            return StopOutput { text: String::new(), stopped: true };
+            return StopOutput {
+                text: String::new(),
+                stopped: true,
+            };
         }
         self.held.push_str(delta);
 
         // The earliest stop string to start in the window wins; among those starting at
         // the same place, the first completed is as good as any other.
-        let first = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
         if let Some(at) = first {
             self.held.truncate(at);
             self.stopped = true;
-            return StopOutput { text: std::mem::take(&mut self.held), stopped: true };
+            return StopOutput {
+                text: std::mem::take(&mut self.held),
+                stopped: true,
+            };
         }
 
         let keep = self.longest_partial_suffix();
         let text = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
-        StopOutput { text, stopped: false }
+        StopOutput {
+            text,
+            stopped: false,
+        }
     }
 
     /// Ends the stream for another reason (EOS, length): the held-back text was not a
@@ -110,7 +132,10 @@ mod tests {
 
     #[test]
     fn stops_across_delta_boundaries() {
-        assert_eq!(run(&["</end>"], &["Hello </", "en", "d> more"]), ("Hello ".into(), true));
+        assert_eq!(
+            run(&["</end>"], &["Hello </", "en", "d> more"]),
+            ("Hello ".into(), true)
+        );
         assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
     }
 
@@ -135,14 +160,29 @@ mod tests {
     fn nothing_leaks_after_a_stop() {
         let mut m = StopMatcher::new(&["END"]);
         let o = m.push("okEND tail");
-        assert_eq!(o, StopOutput { text: "ok".into(), stopped: true });
-        assert_eq!(m.push("more"), StopOutput { text: String::new(), stopped: true });
+        assert_eq!(
+            o,
+            StopOutput {
+                text: "ok".into(),
+                stopped: true
+            }
+        );
+        assert_eq!(
+            m.push("more"),
+            StopOutput {
+                text: String::new(),
+                stopped: true
+            }
+        );
         assert_eq!(m.finish(), "");
     }
 
     #[test]
     fn earliest_stop_wins_and_held_text_is_released_at_the_end() {
-        assert_eq!(run(&["world", "lo w"], &["hello world"]), ("hel".into(), true));
+        assert_eq!(
+            run(&["world", "lo w"], &["hello world"]),
+            ("hel".into(), true)
+        );
         assert_eq!(run(&["STOP"], &["text ST"]), ("text ST".into(), false));
         assert_eq!(run(&[""], &["no stops"]), ("no stops".into(), false));
     }

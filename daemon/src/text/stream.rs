@@ -25,7 +25,10 @@ impl StreamDecoder {
     /// A decoder that drops control tokens (`<|im_start|>`, BOS, ...), as llama.cpp's
     /// server does when it is not asked to show special tokens.
     pub fn skipping_control() -> Self {
-        Self { pending: Vec::new(), skip_control: true }
+        Self {
+            pending: Vec::new(),
+            skip_control: true,
+        }
     }
 
     /// The text that token `id` completes; empty while a character is still incomplete.
@@ -101,7 +104,13 @@ mod tests {
     /// split characters.
     fn byte_ids(tok: &Tokenizer, bytes: &[u8]) -> Vec<u32> {
         let table = crate::text::unicode::byte_to_char_table();
-        bytes.iter().map(|&b| tok.token_id(&table[b as usize].to_string()).expect("byte token")).collect()
+        bytes
+            .iter()
+            .map(|&b| {
+                tok.token_id(&table[b as usize].to_string())
+                    .expect("byte token")
+            })
+            .collect()
     }
 
     #[test]

@@ -11,8 +11,13 @@ use super::{TextError, TokenizerSpec};
 const SPM_SPACE: char = '\u{2581}';
 
 enum Model {
-    Bpe { pre: PreTokenizer, bpe: BpeModel },
-    Spm { scores: Vec<f32> },
+    Bpe {
+        pre: PreTokenizer,
+        bpe: Box<BpeModel>,
+    },
+    Spm {
+        scores: Vec<f32>,
+    },
 }
 
 /// A loaded vocabulary. Built once; shared read-only between requests (`Send + Sync`).
@@ -44,7 +49,10 @@ impl std::fmt::Debug for Tokenizer {
             Model::Bpe { pre, .. } => format!("gpt2/{}", pre.name()),
             Model::Spm { .. } => "llama".to_string(),
         };
-        f.debug_struct("Tokenizer").field("model", &kind).field("vocab_size", &self.texts.len()).finish()
+        f.debug_struct("Tokenizer")
+            .field("model", &kind)
+            .field("vocab_size", &self.texts.len())
+            .finish()
     }
 }
 
@@ -55,7 +63,9 @@ impl Tokenizer {
             return Err(TextError::InvalidVocab("no tokens".into()));
         }
         if u32::try_from(n).is_err() {
-            return Err(TextError::InvalidVocab(format!("{n} tokens do not fit 32-bit ids")));
+            return Err(TextError::InvalidVocab(format!(
+                "{n} tokens do not fit 32-bit ids"
+            )));
         }
         let named = [
             ("bos", spec.bos),
@@ -67,7 +77,11 @@ impl Tokenizer {
         ];
         for (name, id) in named {
             if let Some(id) = id.filter(|&id| id as usize >= n) {
-                return Err(TextError::SpecialTokenOutOfRange { name, id, vocab_size: n });
+                return Err(TextError::SpecialTokenOutOfRange {
+                    name,
+                    id,
+                    vocab_size: n,
+                });
             }
         }
         if spec.add_bos && spec.bos.is_none() {
@@ -86,28 +100,46 @@ impl Tokenizer {
         }
         let mut attrs = match &spec.token_types {
             Some(types) if types.len() < n => {
-                return Err(TextError::InvalidVocab(format!("{} token types for {n} tokens", types.len())));
+                return Err(TextError::InvalidVocab(format!(
+                    "{} token types for {n} tokens",
+                    types.len()
+                )));
             }
-            Some(types) => types[..n].iter().map(|&t| attr::from_token_type(t)).collect(),
+            Some(types) => types[..n]
+                .iter()
+                .map(|&t| attr::from_token_type(t))
+                .collect(),
             None => vec![attr::NORMAL; n],
         };
-        let token_to_id: FxHashMap<String, u32> = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let token_to_id: FxHashMap<String, u32> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
 
         let model = match spec.model.as_str() {
             "gpt2" => {
                 let pre = match spec.pre.as_deref() {
                     Some(name) => PreTokenizer::from_name(name)?,
                     None => {
-                        tracing::warn!("vocabulary has no pre-tokenizer type; using llama.cpp's 'default'");
+                        tracing::warn!(
+                            "vocabulary has no pre-tokenizer type; using llama.cpp's 'default'"
+                        );
                         PreTokenizer::from_name("default")?
                     }
                 };
-                Model::Bpe { bpe: BpeModel::new(&token_to_id, n as u32, &spec.merges), pre }
+                Model::Bpe {
+                    bpe: Box::new(BpeModel::new(&token_to_id, n as u32, &spec.merges)),
+                    pre,
+                }
             }
             "llama" => {
                 let scores = spec.scores.unwrap_or_else(|| vec![0.0; n]);
                 if scores.len() < n {
-                    return Err(TextError::InvalidVocab(format!("{} scores for {n} tokens", scores.len())));
+                    return Err(TextError::InvalidVocab(format!(
+                        "{} scores for {n} tokens",
+                        scores.len()
+                    )));
                 }
                 Model::Spm { scores }
             }
@@ -119,8 +151,15 @@ impl Tokenizer {
         let find = |names: &[&str]| names.iter().find_map(|t| token_to_id.get(*t).copied());
         let eot = spec.eot.or_else(|| find(special::EOT_TEXTS));
         let eom = spec.eom.or_else(|| find(special::EOM_TEXTS));
-        let mut eog: Vec<u32> = special::EOG_TEXTS.iter().filter_map(|t| token_to_id.get(*t).copied()).collect();
-        eog.extend(special::FIM_EOG_TEXTS.iter().filter_map(|names| find(names)));
+        let mut eog: Vec<u32> = special::EOG_TEXTS
+            .iter()
+            .filter_map(|t| token_to_id.get(*t).copied())
+            .collect();
+        eog.extend(
+            special::FIM_EOG_TEXTS
+                .iter()
+                .filter_map(|names| find(names)),
+        );
         eog.extend([spec.eos, eot, eom].into_iter().flatten());
         let mut control: Vec<u32> = eog.clone();
         control.extend(special::FIM_TEXTS.iter().filter_map(|names| find(names)));
@@ -131,7 +170,9 @@ impl Tokenizer {
         eog.dedup();
 
         let mut specials: Vec<u32> = (0..n as u32)
-            .filter(|&i| attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
+            .filter(|&i| {
+                attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
+            })
             .collect();
         specials.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
 
@@ -178,7 +219,9 @@ impl Tokenizer {
                             }
                         }
                     }
-                    Model::Spm { .. } => bytes.extend_from_slice(text.replace(SPM_SPACE, " ").as_bytes()),
+                    Model::Spm { .. } => {
+                        bytes.extend_from_slice(text.replace(SPM_SPACE, " ").as_bytes())
+                    }
                 }
             } else if a & attr::BYTE != 0 {
                 if let Some(b) = parse_byte_token(text) {
@@ -198,7 +241,10 @@ impl Tokenizer {
         let specials = self.specials.iter().copied().filter(|&id| {
             parse_special || self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) == 0
         });
-        let frags = special::partition(text, specials.map(|id| (id, self.texts[id as usize].as_str())));
+        let frags = special::partition(
+            text,
+            specials.map(|id| (id, self.texts[id as usize].as_str())),
+        );
 
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
@@ -209,7 +255,9 @@ impl Tokenizer {
                 for frag in &frags {
                     match frag {
                         Fragment::Token(id) => out.push(*id),
-                        Fragment::Text(range) => self.encode_bpe(&text[range.clone()], pre, bpe, &mut out),
+                        Fragment::Text(range) => {
+                            self.encode_bpe(&text[range.clone()], pre, bpe, &mut out)
+                        }
                     }
                 }
             }
@@ -228,7 +276,13 @@ impl Tokenizer {
                             }
                             s.push_str(&text[range.clone()]);
                             let escaped = s.replace(' ', "\u{2581}");
-                            super::spm::encode(&escaped, &self.token_to_id, scores, |b| self.byte_token(b), &mut out);
+                            super::spm::encode(
+                                &escaped,
+                                &self.token_to_id,
+                                scores,
+                                |b| self.byte_token(b),
+                                &mut out,
+                            );
                             prev_special = false;
                         }
                     }
@@ -260,7 +314,11 @@ impl Tokenizer {
         let hex = format!("<0x{b:02X}>");
         self.token_to_id
             .get(&hex)
-            .or_else(|| b.is_ascii().then(|| self.token_to_id.get(&char::from(b).to_string())).flatten())
+            .or_else(|| {
+                b.is_ascii()
+                    .then(|| self.token_to_id.get(&char::from(b).to_string()))
+                    .flatten()
+            })
             .copied()
             .or(self.unk)
     }
@@ -343,13 +401,17 @@ impl Tokenizer {
     /// Whether `id` is a control token (BOS, `<|im_start|>`, ...), which a client usually
     /// does not want to see in generated text.
     pub fn is_control(&self, id: u32) -> bool {
-        self.attrs.get(id as usize).is_some_and(|a| a & attr::CONTROL != 0)
+        self.attrs
+            .get(id as usize)
+            .is_some_and(|a| a & attr::CONTROL != 0)
     }
 }
 
 fn parse_byte_token(text: &str) -> Option<u8> {
     let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
+    (hex.len() == 2)
+        .then(|| u8::from_str_radix(hex, 16).ok())
+        .flatten()
 }
 
 #[cfg(test)]

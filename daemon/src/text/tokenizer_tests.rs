@@ -7,11 +7,17 @@ use proptest::prelude::*;
 
 /// A byte-level vocabulary: three specials, all 256 byte chars, and a few merges.
 pub(crate) fn bpe_spec(pre: &str) -> TokenizerSpec {
-    let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+    let mut tokens: Vec<String> = vec![
+        "<|endoftext|>".into(),
+        "<|im_start|>".into(),
+        "<|im_end|>".into(),
+    ];
     let mut types = vec![3, 3, 3];
     tokens.extend(byte_to_char_table().iter().map(|c| c.to_string()));
     types.extend(std::iter::repeat_n(1, 256));
-    let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o", "r l", "Ġwo rl", "Ġworl d"];
+    let merges = [
+        "h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o", "r l", "Ġwo rl", "Ġworl d",
+    ];
     for m in merges {
         tokens.push(m.replace(' ', ""));
         types.push(1);
@@ -35,7 +41,8 @@ fn bpe(pre: &str) -> Tokenizer {
 }
 
 fn id(tok: &Tokenizer, text: &str) -> u32 {
-    tok.token_id(text).unwrap_or_else(|| panic!("{text} not in vocab"))
+    tok.token_id(text)
+        .unwrap_or_else(|| panic!("{text} not in vocab"))
 }
 
 #[test]
@@ -105,11 +112,17 @@ fn rejects_bad_specs_with_clear_errors() {
     let mut spec = bpe_spec("gpt-2");
     spec.bos = None;
     spec.add_bos = true;
-    assert!(matches!(Tokenizer::new(spec), Err(TextError::MissingSpecialToken("BOS"))));
+    assert!(matches!(
+        Tokenizer::new(spec),
+        Err(TextError::MissingSpecialToken("BOS"))
+    ));
 
     let mut spec = bpe_spec("gpt-2");
     spec.token_types = Some(vec![1; 3]);
-    assert!(matches!(Tokenizer::new(spec), Err(TextError::InvalidVocab(_))));
+    assert!(matches!(
+        Tokenizer::new(spec),
+        Err(TextError::InvalidVocab(_))
+    ));
 }
 
 #[test]
@@ -127,12 +140,22 @@ fn tokenizer_is_send_and_sync() {
 
 /// A SentencePiece vocabulary with byte fallback.
 fn spm() -> Tokenizer {
-    let mut tokens: Vec<(String, f32, i32)> =
-        vec![("<unk>".into(), 0.0, 2), ("<s>".into(), 0.0, 3), ("</s>".into(), 0.0, 3)];
+    let mut tokens: Vec<(String, f32, i32)> = vec![
+        ("<unk>".into(), 0.0, 2),
+        ("<s>".into(), 0.0, 3),
+        ("</s>".into(), 0.0, 3),
+    ];
     for b in 0..=255u8 {
         tokens.push((format!("<0x{b:02X}>"), 0.0, 6));
     }
-    for (t, s) in [("▁", -1.0), ("h", -2.0), ("i", -2.0), ("hi", -3.0), ("▁hi", -4.0), ("▁the", -5.0)] {
+    for (t, s) in [
+        ("▁", -1.0),
+        ("h", -2.0),
+        ("i", -2.0),
+        ("hi", -3.0),
+        ("▁hi", -4.0),
+        ("▁the", -5.0),
+    ] {
         tokens.push((t.into(), s, 1));
     }
     for t in ["t", "e", "▁t", "th", "he"] {
@@ -157,7 +180,10 @@ fn spm() -> Tokenizer {
 fn spm_prefixes_a_space_and_falls_back_to_bytes() {
     let tok = spm();
     let ids = tok.encode("hi €", true, false);
-    let euro: Vec<u32> = "€".bytes().map(|b| id(&tok, &format!("<0x{b:02X}>"))).collect();
+    let euro: Vec<u32> = "€"
+        .bytes()
+        .map(|b| id(&tok, &format!("<0x{b:02X}>")))
+        .collect();
     let mut want = vec![1, id(&tok, "▁hi"), id(&tok, "▁")];
     want.extend(&euro);
     assert_eq!(ids, want);

@@ -17,7 +17,9 @@ impl Flags {
     pub fn of(c: char) -> Flags {
         let cp = c as u32;
         // RANGES starts at 0 and ends with a sentinel at 0x110000, so the index is valid.
-        let i = RANGES.partition_point(|&(start, _)| start <= cp).saturating_sub(1);
+        let i = RANGES
+            .partition_point(|&(start, _)| start <= cp)
+            .saturating_sub(1);
         let mut bits = u16::from(RANGES[i].1);
         if WHITESPACE.contains(&cp) {
             bits |= Self::WHITESPACE;
@@ -49,7 +51,8 @@ pub(crate) fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for (b, slot) in table.iter_mut().enumerate() {
-        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let printable =
+            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
         let cp = if printable {
             b as u32
         } else {
@@ -113,7 +116,9 @@ mod tests {
         assert!(Flags::of('!').is_punctuation());
         assert!(!Flags::of('$').is_punctuation()); // a symbol
         let emoji = Flags::of('😀');
-        assert!(!emoji.is_letter() && !emoji.is_number() && !emoji.is_whitespace() && !emoji.is_none());
+        assert!(
+            !emoji.is_letter() && !emoji.is_number() && !emoji.is_whitespace() && !emoji.is_none()
+        );
         // Unassigned code points are "undefined", which is still not NONE.
         assert!(!Flags::of('\u{0378}').is_none());
     }
