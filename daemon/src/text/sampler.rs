@@ -93,6 +93,7 @@ pub struct Sampler {
     rng: Rng,
     /// Reused buffers: candidates `(id, logit)` and the penalty window.
     candidates: Vec<(u32, f32)>,
+    weights: Vec<f64>,
     window: Vec<u32>,
 }
 
@@ -120,6 +121,7 @@ impl Sampler {
             seed,
             rng: Rng(seed),
             candidates: Vec::new(),
+            weights: Vec::new(),
             window: Vec::new(),
         })
     }
@@ -260,38 +262,10 @@ impl Sampler {
             return cands.iter().map(|c| c.0).min().unwrap_or(0);
         }
 
-        // top-p on the distribution at temperature 1: the smallest prefix (by probability)
-        // whose mass reaches `top_p`. The prefix is found by sorting a growing head of the
-        // candidates, which is usually tiny.
+        // top-p on the distribution at temperature 1: the smallest set of most likely
+        // tokens whose mass reaches `top_p`.
         if p.top_p < 1.0 {
-            let total: f64 = cands.iter().map(|c| f64::from(c.1 - max).exp()).sum();
-            let target = f64::from(p.top_p) * total;
-            let mut head = if sorted {
-                cands.len()
-            } else {
-                64.min(cands.len())
-            };
-            loop {
-                if !sorted {
-                    if head < cands.len() {
-                        cands.select_nth_unstable_by(head - 1, by_logit_desc);
-                    }
-                    cands[..head].sort_unstable_by(by_logit_desc);
-                }
-                let mut cum = 0.0;
-                let cut = cands[..head].iter().position(|c| {
-                    cum += f64::from(c.1 - max).exp();
-                    cum >= target
-                });
-                if let Some(i) = cut {
-                    cands.truncate(i + 1);
-                    break;
-                }
-                if head == cands.len() {
-                    break;
-                }
-                head = (head * 4).min(cands.len());
-            }
+            top_p_cut(cands, max, p.top_p, sorted);
         }
 
         // min-p: keep tokens at least `min_p` times as likely as the best one.
@@ -302,34 +276,93 @@ impl Sampler {
 
         // Temperature, then a draw. Candidates are in a deterministic order here.
         let t = p.temperature;
-        let weights_total: f64 = cands.iter().map(|c| f64::from((c.1 - max) / t).exp()).sum();
-        let mut r = self.rng.next_f64() * weights_total;
-        for &(id, l) in cands.iter() {
-            r -= f64::from((l - max) / t).exp();
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(cands.iter().map(|c| f64::from((c.1 - max) / t).exp()));
+        let total: f64 = weights.iter().sum();
+        let mut r = self.rng.next_f64() * total;
+        for (c, &w) in cands.iter().zip(weights.iter()) {
+            r -= w;
             if r < 0.0 {
-                return id;
+                return c.0;
             }
         }
         // Rounding left a sliver: the last candidate with any weight takes it.
-        cands
+        let last = cands
             .iter()
+            .zip(weights.iter())
             .rev()
-            .find(|c| c.1 > f32::NEG_INFINITY)
-            .map_or(cands[0].0, |c| c.0)
+            .find(|(_, &w)| w > 0.0);
+        last.map_or(cands[0].0, |(c, _)| c.0)
+    }
+}
+
+/// Keeps the most likely candidates up to `top_p` of the mass (at least one). Unsorted
+/// candidates are bucketed by logit so that only the bucket where the mass crosses the
+/// threshold is sorted, instead of the whole vocabulary.
+fn top_p_cut(cands: &mut Vec<(u32, f32)>, max: f32, top_p: f32, sorted: bool) {
+    const BUCKETS: usize = 1024;
+    let weight = |l: f32| f64::from(l - max).exp();
+    let total: f64 = cands.iter().map(|c| weight(c.1)).sum();
+    let target = f64::from(top_p) * total;
+    let min = cands
+        .iter()
+        .map(|c| c.1)
+        .filter(|l| l.is_finite())
+        .fold(max, f32::min);
+    let span = max - min;
+
+    let mut cum = 0.0;
+    if !sorted && span > 0.0 {
+        // Bucket 0 holds the highest logits; a lower bucket means a strictly higher logit.
+        let bucket_of =
+            |l: f32| (((max - l) / span * (BUCKETS - 1) as f32) as usize).min(BUCKETS - 1);
+        let mut mass = vec![0f64; BUCKETS];
+        for c in cands.iter() {
+            mass[bucket_of(c.1)] += weight(c.1);
+        }
+        let mut edge = BUCKETS - 1;
+        for (b, &m) in mass.iter().enumerate() {
+            if cum + m >= target {
+                edge = b;
+                break;
+            }
+            cum += m;
+        }
+        cands.retain(|c| bucket_of(c.1) <= edge);
+        // The edge bucket goes last, in order; everything before it is kept whole.
+        let mut first_edge = 0;
+        for j in 0..cands.len() {
+            if bucket_of(cands[j].1) < edge {
+                cands.swap(first_edge, j);
+                first_edge += 1;
+            }
+        }
+        cands[first_edge..].sort_unstable_by(by_logit_desc);
+        let cut = cands[first_edge..].iter().position(|c| {
+            cum += weight(c.1);
+            cum >= target
+        });
+        if let Some(i) = cut {
+            cands.truncate(first_edge + i + 1);
+        }
+        return;
+    }
+    // Sorted already (top-k ran), or all logits equal and so in id order.
+    let cut = cands.iter().position(|c| {
+        cum += weight(c.1);
+        cum >= target
+    });
+    if let Some(i) = cut {
+        cands.truncate(i + 1);
     }
 }
 
 /// Greedy choice in one pass: the highest logit, the lowest id among equals.
 fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_l = f32::NEG_INFINITY;
-    for (i, &l) in logits.iter().enumerate() {
-        if clean(l) > best_l {
-            best = i;
-            best_l = l;
-        }
-    }
-    best as u32
+    // Two simple passes vectorise; tracking the index in one pass does not.
+    let best = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&l| l == best).unwrap_or(0) as u32
 }
 
 /// Log-sum-exp of the row and its `top_n` entries as `(id, logprob)`, most likely first.
