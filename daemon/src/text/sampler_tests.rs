@@ -397,15 +397,25 @@ fn bucketed_top_p_keeps_the_same_set_as_a_full_sort() {
     for trial in 0..200 {
         let n = 1 + (rng.next_u64() % 3000) as usize;
         let spread = 1.0 + (rng.next_f64() * 20.0) as f32;
-        let logits: Vec<f32> = (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * spread).collect();
+        let logits: Vec<f32> = (0..n)
+            .map(|_| (rng.next_f64() as f32 - 0.5) * spread)
+            .collect();
         let top_p = 0.05 + rng.next_f64() as f32 * 0.9;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
 
-        let mut reference: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut reference: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         reference.sort_unstable_by(by_logit_desc);
         top_p_cut(&mut reference, max, top_p, true);
 
-        let mut bucketed: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut bucketed: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         top_p_cut(&mut bucketed, max, top_p, false);
 
         let mut a: Vec<u32> = reference.iter().map(|c| c.0).collect();

@@ -146,24 +146,37 @@ impl Tokenizer {
             other => return Err(TextError::UnknownModel(other.to_string())),
         };
 
-        // llama.cpp's by-name detection: these texts become control tokens, and some of
-        // them end generation even when the file does not say so.
+        // llama.cpp's by-name detection: tokens found by their text become control tokens
+        // (ids the file names keep their type), and some of them end generation even when
+        // the file does not say so.
         let find = |names: &[&str]| names.iter().find_map(|t| token_to_id.get(*t).copied());
-        let eot = spec.eot.or_else(|| find(special::EOT_TEXTS));
-        let eom = spec.eom.or_else(|| find(special::EOM_TEXTS));
-        let mut eog: Vec<u32> = special::EOG_TEXTS
+        let eot_by_name = spec
+            .eot
+            .is_none()
+            .then(|| find(special::EOT_TEXTS))
+            .flatten();
+        let eom_by_name = spec
+            .eom
+            .is_none()
+            .then(|| find(special::EOM_TEXTS))
+            .flatten();
+        let (eot, eom) = (spec.eot.or(eot_by_name), spec.eom.or(eom_by_name));
+        let eog_by_name = special::EOG_TEXTS
             .iter()
-            .filter_map(|t| token_to_id.get(*t).copied())
+            .filter_map(|t| token_to_id.get(*t).copied());
+        let fim_eog: Vec<u32> = special::FIM_EOG_TEXTS
+            .iter()
+            .filter_map(|names| find(names))
             .collect();
-        eog.extend(
-            special::FIM_EOG_TEXTS
-                .iter()
-                .filter_map(|names| find(names)),
-        );
+        let fim_other = special::FIM_TEXTS.iter().filter_map(|names| find(names));
+        let mut eog: Vec<u32> = eog_by_name.clone().chain(fim_eog.iter().copied()).collect();
         eog.extend([spec.eos, eot, eom].into_iter().flatten());
-        let mut control: Vec<u32> = eog.clone();
-        control.extend(special::FIM_TEXTS.iter().filter_map(|names| find(names)));
-        for id in control {
+        let by_name = eog_by_name
+            .chain(fim_eog)
+            .chain(fim_other)
+            .chain(eot_by_name)
+            .chain(eom_by_name);
+        for id in by_name {
             attrs[id as usize] |= attr::CONTROL;
         }
         eog.sort_unstable();

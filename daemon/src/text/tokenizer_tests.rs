@@ -213,3 +213,20 @@ proptest! {
         prop_assert_eq!(tok.decode(&ids), text);
     }
 }
+
+#[test]
+fn ids_named_by_the_file_keep_their_token_type() {
+    // A normal token named as EOS ends generation but is not turned into a control
+    // token, so it is still plain text when special parsing is off.
+    let mut spec = bpe_spec("gpt-2");
+    let hello = spec.tokens.iter().position(|t| t == "hello").unwrap() as u32;
+    spec.eos = Some(hello);
+    let tok = Tokenizer::new(spec).unwrap();
+    assert!(tok.is_eog(hello) && !tok.is_control(hello));
+    // Found by name: <|im_end|> typed normal still becomes control and EOG.
+    let mut spec = bpe_spec("gpt-2");
+    spec.token_types.as_mut().unwrap()[2] = 1;
+    let tok = Tokenizer::new(spec).unwrap();
+    assert!(tok.is_control(2) && tok.is_eog(2));
+    assert_eq!(tok.encode("<|im_end|>", false, true), [2]);
+}
