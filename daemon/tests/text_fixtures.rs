@@ -117,6 +117,19 @@ fn qwen3_vocab_tokenizes_like_llama_cpp() {
     check_tokenize_fixture(test_vocab_path("qwen3-vocab.gguf"), "qwen3_tokenize.json");
 }
 
+/// The GPT-2 and llama.cpp-default splitters, exercised with the Llama 3 vocabulary.
+#[test]
+fn gpt2_and_default_pre_tokenizers_split_like_llama_cpp() {
+    check_tokenize_fixture(
+        test_vocab_path("llama3-pre-gpt2-vocab.gguf"),
+        "llama3_pre_gpt2_tokenize.json",
+    );
+    check_tokenize_fixture(
+        test_vocab_path("llama3-pre-default-vocab.gguf"),
+        "llama3_pre_default_tokenize.json",
+    );
+}
+
 #[test]
 fn llama2_vocab_tokenizes_like_llama_cpp() {
     check_tokenize_fixture(test_vocab_path("llama2-vocab.gguf"), "llama2_tokenize.json");
