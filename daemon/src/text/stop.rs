@@ -17,6 +17,8 @@ pub struct StopOutput {
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,
+    /// KMP failure functions of `stops`.
+    fail: Vec<Vec<usize>>,
     /// Text received but not yet released: a possible start of a stop string.
     held: String,
     stopped: bool,
@@ -30,9 +32,11 @@ impl StopMatcher {
             .map(|s| s.as_ref())
             .filter(|s| !s.is_empty())
             .map(String::from)
-            .collect();
+            .collect::<Vec<_>>();
+        let fail = stops.iter().map(|s| failure(s.as_bytes())).collect();
         Self {
             stops,
+            fail,
             held: String::new(),
             stopped: false,
         }
@@ -93,22 +97,45 @@ impl StopMatcher {
 
     /// Length of the longest suffix of `held` that is a proper prefix of a stop string.
     /// A stop string never starts with a UTF-8 continuation byte, so the cut is always on
-    /// a character boundary.
+    /// a character boundary. Linear in the stop strings' lengths (KMP), so long stop
+    /// strings cannot make each token quadratic.
     fn longest_partial_suffix(&self) -> usize {
         let held = self.held.as_bytes();
         let mut best = 0;
-        for stop in &self.stops {
-            let stop = stop.as_bytes();
-            let max = (stop.len() - 1).min(held.len());
-            for len in (best + 1..=max).rev() {
-                if held[held.len() - len..] == stop[..len] {
-                    best = len;
-                    break;
+        for (stop, fail) in self.stops.iter().zip(&self.fail) {
+            let pat = stop.as_bytes();
+            // Only a suffix shorter than the stop string can matter.
+            let start = held.len().saturating_sub(pat.len() - 1);
+            let mut k = 0;
+            for &b in &held[start..] {
+                while k > 0 && (k == pat.len() || pat[k] != b) {
+                    k = fail[k - 1];
+                }
+                if pat[k] == b {
+                    k += 1;
                 }
             }
+            best = best.max(k.min(pat.len() - 1));
         }
         best
     }
+}
+
+/// KMP failure function: `f[i]` is the length of the longest proper prefix of
+/// `pat[..=i]` that is also its suffix.
+fn failure(pat: &[u8]) -> Vec<usize> {
+    let mut f = vec![0; pat.len()];
+    let mut k = 0;
+    for i in 1..pat.len() {
+        while k > 0 && pat[i] != pat[k] {
+            k = f[k - 1];
+        }
+        if pat[i] == pat[k] {
+            k += 1;
+        }
+        f[i] = k;
+    }
+    f
 }
 
 #[cfg(test)]
@@ -185,6 +212,23 @@ mod tests {
         );
         assert_eq!(run(&["STOP"], &["text ST"]), ("text ST".into(), false));
         assert_eq!(run(&[""], &["no stops"]), ("no stops".into(), false));
+    }
+
+    #[test]
+    fn overlapping_partial_matches() {
+        // "aab" is a false start for "aabaac", but its tail "a" could still begin one.
+        let mut m = StopMatcher::new(&["aabaac"]);
+        assert_eq!(m.push("xaabaa").text, "x");
+        assert_eq!(m.push("b").text, "aab");
+        assert_eq!(m.push("aac").text, "");
+        assert!(m.is_stopped());
+        // A long stop string is handled in linear time per delta.
+        let long = "ab".repeat(50_000);
+        let mut m = StopMatcher::new(&[long.as_str()]);
+        for _ in 0..1000 {
+            assert_eq!(m.push("ab").text, "");
+        }
+        assert_eq!(m.push("x").text, "ab".repeat(1000) + "x");
     }
 
     #[test]
