@@ -204,7 +204,10 @@ struct RawTensor {
 }
 
 fn read_tensor_infos(c: &mut Cursor<'_>, count: usize) -> Result<Vec<RawTensor>, GgufError> {
-    let mut out = Vec::with_capacity(count);
+    // The count was checked before the metadata was read; reserve only what can still
+    // fit after it (a shortfall then shows up as a truncated tensor info).
+    let fit = (c.remaining() / MIN_TENSOR_INFO_SIZE) as usize;
+    let mut out = Vec::with_capacity(count.min(fit));
     for i in 0..count {
         let name = c.string(|| format!("name of tensor {i}"))?.to_owned();
         let dims_at = c.pos();

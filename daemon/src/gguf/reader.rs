@@ -12,17 +12,44 @@ use super::metadata::Metadata;
 use super::parse::{parse, Header};
 use super::tensor::TensorInfo;
 
+/// Memory alignment of the file's first byte when it is held in a `Vec`, so tensor
+/// data is as aligned in memory as in the file (up to this), as it is when mapped.
+const OWNED_ALIGN: usize = 64;
+
 enum Backing {
     Mmap(Mmap),
-    Owned(Vec<u8>),
+    /// The file is `buf[start..]`; `start` pads it to `OWNED_ALIGN` in memory.
+    Owned {
+        buf: Vec<u8>,
+        start: usize,
+    },
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
             Self::Mmap(m) => m,
-            Self::Owned(v) => v,
+            Self::Owned { buf, start } => buf.get(*start..).unwrap_or_default(),
         }
+    }
+
+    /// Keeps `bytes` if it already starts on `OWNED_ALIGN`, otherwise copies it to an
+    /// offset that does (allocators only promise 8 or 16). Block and f32 views of
+    /// tensor data can then rely on alignment whichever way the file was loaded.
+    fn owned(bytes: Vec<u8>) -> Self {
+        let misalignment = |v: &Vec<u8>| v.as_ptr().addr().wrapping_neg() % OWNED_ALIGN;
+        if bytes.is_empty() || misalignment(&bytes) == 0 {
+            return Self::Owned {
+                buf: bytes,
+                start: 0,
+            };
+        }
+        let mut buf = Vec::with_capacity(bytes.len() + OWNED_ALIGN);
+        let start = misalignment(&buf);
+        buf.resize(start, 0);
+        // Within capacity: the heap buffer does not move, so `start` stays aligned.
+        buf.extend_from_slice(&bytes);
+        Self::Owned { buf, start }
     }
 }
 
@@ -63,9 +90,9 @@ impl GgufFile {
         Self::from_backing(Backing::Mmap(map))
     }
 
-    /// Parses a file held in memory.
+    /// Parses a file held in memory. The bytes may be copied once, to align them.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        Self::from_backing(Backing::Owned(bytes))
+        Self::from_backing(Backing::owned(bytes))
     }
 
     fn from_backing(backing: Backing) -> Result<GgufFile, GgufError> {
@@ -114,6 +141,9 @@ impl GgufFile {
 
     /// The bytes of tensor `t`. Ranges of this file's infos were checked at parse time;
     /// an info from another file whose range does not fit gives an empty slice.
+    ///
+    /// In memory the slice is aligned to the file's alignment, up to 64 bytes for
+    /// [`from_bytes`](Self::from_bytes) and up to the page size for [`open`](Self::open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         let range = usize::try_from(t.offset)
             .ok()

@@ -4,6 +4,7 @@
 mod alloc_counter;
 mod fuzz;
 mod hardening;
+mod interop;
 mod real_model;
 mod roundtrip;
 

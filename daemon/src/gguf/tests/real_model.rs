@@ -73,6 +73,8 @@ fn default_model_header() {
     let mut end = 0;
     for t in f.tensors() {
         assert_eq!(f.tensor_data(t).len() as u64, t.n_bytes, "{}", t.name);
+        let addr = f.tensor_data(t).as_ptr().addr() as u64;
+        assert_eq!(addr % f.alignment(), 0, "{}", t.name);
         assert_eq!(Some(t.n_bytes), t.ty.bytes_for(t.n_elems()), "{}", t.name);
         end = end.max(t.offset + t.n_bytes);
     }

@@ -133,6 +133,8 @@ fn tensors_round_trip_with_aligned_offsets() {
                 &data[..],
                 "{name} at alignment {alignment}"
             );
+            let in_memory = alignment.min(64) as usize;
+            assert_eq!(f.tensor_data(t).as_ptr().addr() % in_memory, 0, "{name}");
             assert_eq!(f.tensor(name), Some(t));
         }
         assert_eq!(f.tensor("absent"), None);
