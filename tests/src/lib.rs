@@ -133,10 +133,14 @@ impl Daemon {
         spark_client::Client::connect(&self.socket).await.expect("connect to sparkd")
     }
 
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.signal(libc::SIGTERM);
         self.child.wait().expect("wait sparkd")
     }
 }

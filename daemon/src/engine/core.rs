@@ -94,6 +94,9 @@ impl EngineCore {
                 break;
             }
             self.admit();
+            // Published before the step, so anyone who has seen a token of a sequence
+            // also sees it counted as running.
+            self.publish();
             if !self.running.is_empty() {
                 self.step();
                 self.retire_finished();
@@ -143,7 +146,10 @@ impl EngineCore {
                     }
                 }
             }
-            Command::Shutdown { deadline } => self.shutdown = Some(deadline),
+            Command::Shutdown { deadline } => {
+                tracing::debug!(running = self.running.len(), queued = self.waiting.len(), "engine shutting down");
+                self.shutdown = Some(deadline);
+            }
         }
     }
 
@@ -299,6 +305,13 @@ impl EngineCore {
         let reason = s.finish.unwrap_or(FinishReason::Error);
         let done = s.done_event(reason);
         self.shared.record_job(&s, &done, self.model_name());
+        tracing::debug!(
+            job = s.job,
+            reason = reason.as_str(),
+            prompt_tokens = done.usage.prompt_tokens,
+            completion_tokens = done.usage.completion_tokens,
+            "sequence finished"
+        );
         let _ = s.events.send(ServerMessage::Done(done));
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
@@ -320,22 +333,25 @@ impl EngineCore {
 /// Samples the next token of `s` from `logits`, streams it, and decides whether the
 /// sequence ends here.
 fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: usize) {
-    // Logprobs describe the model's own distribution, so they are taken from the logits
-    // before penalties and temperature reshape them.
-    let raw = s.logprobs.map(|n| (n, logits.to_vec()));
-    let token = s.sampler.sample(logits, &s.tokens);
+    // Logprobs describe the model's own distribution, before penalties and temperature.
+    let (token, lp) = match s.logprobs {
+        Some(n) => {
+            let (token, lp) = s.sampler.sample_with_logprobs(logits, &s.tokens, n as usize, tok);
+            (token, Some(lp))
+        }
+        None => (s.sampler.sample(logits, &s.tokens), None),
+    };
     let now = Instant::now();
     s.timings.first_token.get_or_insert(now);
     s.timings.last_token = Some(now);
     s.tokens.push(token);
-    let lp = raw.map(|(n, raw)| crate::text::token_logprobs(&raw, token, n as usize, tok));
 
     let mut text = String::new();
     let eog = tok.is_eog(token);
     if !eog {
         let delta = s.decoder.push(tok, token);
         let out = s.stop.push(&delta);
-        text.push_str(&out.emit);
+        text.push_str(&out.text);
         if out.stopped {
             s.finish = Some(FinishReason::Stop);
         }
@@ -345,10 +361,12 @@ fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: u
     if s.finish.is_none() && (s.completion_tokens() >= s.max_tokens || s.tokens.len() >= ctx) {
         s.finish = Some(FinishReason::Length);
     }
-    if s.finish.is_some() && !matches!(s.finish, Some(FinishReason::Stop) if !eog) {
+    if s.finish.is_some() && !s.stop.is_stopped() {
         // Ending for a reason other than a stop string: release text held back as a
-        // possible stop-string prefix (and any incomplete character, lossily).
-        text.push_str(&s.stop.flush(&s.decoder.flush()));
+        // possible stop-string prefix, and any incomplete character (lossily).
+        let tail = s.decoder.finish();
+        text.push_str(&s.stop.push(&tail).text);
+        text.push_str(&s.stop.finish());
     }
     let event = TokenEvent { id: s.request_id, token, text, logprobs: lp };
     s.send_token(event);

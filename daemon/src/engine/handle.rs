@@ -16,7 +16,7 @@ use spark_client::protocol::{
 };
 
 use crate::model::{Model, Workspace, BLOCK_TOKENS};
-use crate::text::{ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer};
+use crate::text::{sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec};
 
 use super::api::{ConnId, Engine, Submission};
 use super::core::{Command, EngineCore, EngineLimits};
@@ -90,7 +90,8 @@ fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
 
 impl EngineHandle {
     pub fn start(model: Model, config: EngineConfig) -> Result<Arc<Self>, EngineError> {
-        let tokenizer = Arc::new(Tokenizer::from_gguf(model.file.metadata()).map_err(EngineError::Tokenizer)?);
+        let spec = TokenizerSpec::from_gguf(model.file.metadata()).map_err(EngineError::Tokenizer)?;
+        let tokenizer = Arc::new(Tokenizer::new(spec).map_err(EngineError::Tokenizer)?);
         let template = match &config.chat_template {
             Some(src) => Some(ChatTemplate::new(src).map_err(EngineError::Template)?),
             None => ChatTemplate::from_gguf(model.file.metadata()).map_err(EngineError::Template)?,
@@ -188,7 +189,7 @@ impl EngineHandle {
                     )
                 })?;
                 let text = template
-                    .render(messages, true, &self.tokenizer)
+                    .render_prompt(messages, &self.tokenizer)
                     .map_err(|e| invalid(id, ErrorKind::InvalidRequest, format!("chat template: {e}")))?;
                 Ok(self.tokenizer.encode(&text, true, true))
             }
@@ -219,7 +220,7 @@ impl EngineHandle {
         if req.stop.iter().any(|s| s.is_empty()) {
             return Err(invalid(id, ErrorKind::InvalidRequest, "stop: stop strings must not be empty"));
         }
-        Sampler::validate(&req.sampling, self.tokenizer.vocab_size())
+        sampler::validate(&req.sampling, self.tokenizer.vocab_size())
             .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
         let tokens = self.prompt_tokens(req)?;
         if tokens.is_empty() {
@@ -273,8 +274,8 @@ impl EngineHandle {
             max_tokens,
             table: Default::default(),
             sampler,
-            decoder: StreamDecoder::new(),
-            stop: StopMatcher::new(req.stop.clone()),
+            decoder: StreamDecoder::skipping_control(),
+            stop: StopMatcher::new(&req.stop),
             logprobs: req.logprobs,
             events: sub.events,
             timings: SeqTimings { arrived: Some(sub.arrived), ..Default::default() },
