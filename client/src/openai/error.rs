@@ -1,8 +1,7 @@
 //! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` plus a status.
 
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Serialize;
 
 use super::backend::BackendError;
@@ -120,7 +119,8 @@ impl ApiError {
     }
 
     /// The `{"error": ...}` object, also sent as an SSE event when a stream fails.
-    pub fn body_json(&self) -> serde_json::Value {
+    /// Serialised directly (not through `serde_json::Value`) to keep OpenAI's field order.
+    pub fn body_json(&self) -> String {
         let body = ErrorBody {
             error: ErrorObject {
                 message: &self.message,
@@ -130,7 +130,7 @@ impl ApiError {
             },
         };
         // Serialising plain strings and options cannot fail.
-        serde_json::to_value(body).unwrap_or(serde_json::Value::Null)
+        serde_json::to_string(&body).unwrap_or_default()
     }
 }
 
@@ -184,7 +184,7 @@ fn rejected(kind: ErrorKind, message: String) -> ApiError {
         ErrorKind::ContextOverflow => ApiError {
             code: Some("context_length_exceeded"),
             metric: "context_overflow",
-            ..ApiError::invalid("messages".to_string(), message)
+            ..ApiError::invalid(None, message)
         },
         ErrorKind::Busy => ApiError::from(BackendError::Busy(message)),
         ErrorKind::ShuttingDown => ApiError::from(BackendError::Unavailable(message)),
@@ -205,7 +205,8 @@ fn rejected(kind: ErrorKind, message: String) -> ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body_json())).into_response();
+        let headers = [(header::CONTENT_TYPE, "application/json")];
+        let mut response = (self.status, headers, self.body_json()).into_response();
         response.extensions_mut().insert(ErrorMetric(self.metric));
         response
     }
@@ -266,7 +267,12 @@ mod tests {
 
     #[test]
     fn body_has_openai_shape() {
-        let body = ApiError::invalid("temperature".to_string(), "too hot").body_json();
+        let text = ApiError::invalid("temperature".to_string(), "too hot").body_json();
+        assert!(
+            text.starts_with(r#"{"error":{"message":"too hot","type""#),
+            "{text}"
+        );
+        let body: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(body["error"]["message"], "too hot");
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["param"], "temperature");

@@ -329,7 +329,7 @@ impl StreamState {
     /// raise it as an API error.
     fn error_event(&self, err: ApiError) -> Event {
         self.metrics.record_error(err.metric);
-        Event::default().data(err.body_json().to_string())
+        Event::default().data(err.body_json())
     }
 }
 
