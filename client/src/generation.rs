@@ -1,0 +1,113 @@
+//! One generation's event stream, as the client sees it.
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+
+use crate::{
+    client::Routes,
+    error::ClientError,
+    protocol::{ClientMessage, DoneEvent, TokenEvent},
+};
+
+/// An event of a running generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationEvent {
+    Token(TokenEvent),
+    /// Always the last event.
+    Done(DoneEvent),
+}
+
+/// The stream of one generation: any number of `Ok(Token)`, then exactly one final item,
+/// `Ok(Done)` or `Err`, then the end.
+///
+/// An `Err` is final: a rejection (busy, invalid request...) has no `Done`, and for an
+/// engine failure the daemon's trailing `Done` is not surfaced. Dropping the stream
+/// before its final item cancels the generation.
+pub struct Generation {
+    id: u64,
+    events: mpsc::UnboundedReceiver<Result<GenerationEvent, ClientError>>,
+    outgoing: mpsc::UnboundedSender<ClientMessage>,
+    routes: Arc<Routes>,
+    ended: bool,
+}
+
+impl Generation {
+    pub(crate) fn new(
+        id: u64,
+        events: mpsc::UnboundedReceiver<Result<GenerationEvent, ClientError>>,
+        outgoing: mpsc::UnboundedSender<ClientMessage>,
+        routes: Arc<Routes>,
+    ) -> Self {
+        Self { id, events, outgoing, routes, ended: false }
+    }
+
+    /// The request id of this generation.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Asks the daemon to stop; the stream goes on to its `Done` (usually `cancelled`).
+    pub fn cancel(&self) -> Result<(), ClientError> {
+        if self.ended {
+            return Ok(());
+        }
+        self.outgoing
+            .send(ClientMessage::Cancel { id: self.id })
+            .map_err(|_| self.routes.closed_error())
+    }
+
+    /// Reads the stream to its end: the generated text and the final `Done`.
+    pub async fn collect_text(mut self) -> Result<(String, DoneEvent), ClientError> {
+        let mut text = String::new();
+        while let Some(event) = self.next().await {
+            match event? {
+                GenerationEvent::Token(token) => text.push_str(&token.text),
+                GenerationEvent::Done(done) => return Ok((text, done)),
+            }
+        }
+        Err(ClientError::Disconnected)
+    }
+}
+
+impl Stream for Generation {
+    type Item = Result<GenerationEvent, ClientError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let item = match self.events.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(GenerationEvent::Token(token)))) => {
+                return Poll::Ready(Some(Ok(GenerationEvent::Token(token))))
+            }
+            Poll::Ready(Some(last)) => last,
+            // The route was dropped without a final item: the connection ended.
+            Poll::Ready(None) => Err(self.routes.closed_error()),
+        };
+        self.ended = true;
+        Poll::Ready(Some(item))
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.routes.remove(self.id);
+            // If the connection is already gone there is nothing left to cancel.
+            let _ = self.outgoing.send(ClientMessage::Cancel { id: self.id });
+        }
+    }
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation").field("id", &self.id).field("ended", &self.ended).finish()
+    }
+}

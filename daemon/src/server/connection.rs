@@ -1,0 +1,341 @@
+//! One client connection: the handshake, then a loop that reads requests, hands them to
+//! the engine, and writes the events and replies that come back, at the client's pace.
+
+use std::{
+    collections::HashSet,
+    panic::{catch_unwind, AssertUnwindSafe},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::{SinkExt, StreamExt};
+use spark_client::{
+    codec::{CodecError, MessageCodec},
+    protocol::{
+        ClientMessage, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, Hello, ServerMessage,
+        Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    },
+};
+use tokio::{
+    net::UnixStream,
+    sync::mpsc::{self, UnboundedReceiver, UnboundedSender},
+};
+use tokio_util::{codec::Framed, sync::CancellationToken};
+
+use super::peercred::{self, AllowList};
+use crate::engine::{ClientInfo, ConnId, Engine, Submission};
+
+type ServerFramed = Framed<UnixStream, MessageCodec<ClientMessage, ServerMessage>>;
+
+/// How long the last frame before a close (an error) may take to write: the client may
+/// not be reading, and the connection ends either way.
+const FINAL_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Frames written between flushes; bounded so that reading is not starved.
+const MAX_WRITE_BATCH: usize = 256;
+
+/// What every connection needs from the server.
+pub(crate) struct Shared {
+    pub engine: Arc<dyn Engine>,
+    pub max_frame_bytes: usize,
+    pub handshake_timeout: Duration,
+    pub allow: AllowList,
+}
+
+/// Why a connection ended, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// EOF, a read or a write error.
+    Disconnected,
+    /// We sent a connection-level error of this kind and closed.
+    Refused(ErrorKind),
+    /// Shutdown, after the last generation finished.
+    Shutdown,
+}
+
+/// Serves one accepted connection to its end.
+pub(crate) async fn run(shared: Arc<Shared>, stream: UnixStream, conn: ConnId, shutdown: CancellationToken) {
+    let client = peercred::client_info(&stream);
+    let mut framed = Framed::new(stream, MessageCodec::new(shared.max_frame_bytes));
+
+    if !shared.allow.permits(&client) {
+        tracing::warn!(conn, uid = ?client.uid, "connection refused: user not on the allow-list");
+        let message = match client.uid {
+            Some(uid) => format!("uid {uid} is not allowed to use this daemon"),
+            None => "this daemon admits only known users, and the peer's credentials are unavailable".to_owned(),
+        };
+        send_final(&mut framed, connection_error(ErrorKind::NotAllowed, message)).await;
+        return;
+    }
+
+    let hello = match handshake(&shared, &mut framed, &shutdown).await {
+        Ok(hello) => hello,
+        Err(end) => {
+            tracing::debug!(conn, uid = ?client.uid, ?end, "connection ended during the handshake");
+            return;
+        }
+    };
+    tracing::info!(
+        conn,
+        uid = ?client.uid,
+        pid = ?client.pid,
+        client = %printable(&hello.client),
+        minor = hello.minor,
+        "client connected"
+    );
+
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let mut connection = Connection {
+        conn,
+        client,
+        engine: Arc::clone(&shared.engine),
+        events_tx,
+        events_rx,
+        running: HashSet::new(),
+        draining: false,
+        generations: 0,
+    };
+    let end = connection.serve(&mut framed, &shutdown).await;
+    if !connection.running.is_empty() {
+        // Nobody will read these generations any more: free their slots now rather than
+        // when the engine next fails to send.
+        connection.engine.cancel_connection(conn);
+    }
+    tracing::info!(
+        conn,
+        uid = ?client.uid,
+        generations = connection.generations,
+        abandoned = connection.running.len(),
+        ?end,
+        "connection closed"
+    );
+}
+
+/// Reads the first frame, which must be a `Hello` of our major version, and welcomes it.
+async fn handshake(
+    shared: &Shared,
+    framed: &mut ServerFramed,
+    shutdown: &CancellationToken,
+) -> Result<Hello, End> {
+    let first = tokio::select! {
+        first = tokio::time::timeout(shared.handshake_timeout, framed.next()) => first,
+        _ = shutdown.cancelled() => {
+            return Err(refuse(framed, connection_error(ErrorKind::ShuttingDown, "sparkd is shutting down")).await);
+        }
+    };
+    let hello = match first {
+        Err(_elapsed) => {
+            let message = format!("no Hello within {} s", shared.handshake_timeout.as_secs_f32());
+            return Err(refuse(framed, connection_error(ErrorKind::Handshake, message)).await);
+        }
+        Ok(None) => return Err(End::Disconnected),
+        Ok(Some(Err(err))) => {
+            return Err(match codec_refusal(&err) {
+                Some(refusal) => refuse(framed, refusal).await,
+                None => End::Disconnected,
+            })
+        }
+        Ok(Some(Ok(ClientMessage::Hello(hello)))) => hello,
+        Ok(Some(Ok(_))) => {
+            let refusal = connection_error(ErrorKind::Handshake, "the first message must be Hello");
+            return Err(refuse(framed, refusal).await);
+        }
+    };
+    if hello.major != PROTOCOL_MAJOR {
+        let message = format!(
+            "client speaks protocol {}.{}, sparkd {} speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}",
+            hello.major,
+            hello.minor,
+            env!("CARGO_PKG_VERSION"),
+        );
+        return Err(refuse(framed, connection_error(ErrorKind::VersionMismatch, message)).await);
+    }
+    let welcome = Welcome {
+        major: PROTOCOL_MAJOR,
+        minor: PROTOCOL_MINOR,
+        daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+        max_frame_bytes: u32::try_from(shared.max_frame_bytes).unwrap_or(u32::MAX),
+    };
+    framed.send(ServerMessage::Welcome(welcome)).await.map_err(|_| End::Disconnected)?;
+    Ok(hello)
+}
+
+/// A connection after its handshake.
+struct Connection {
+    conn: ConnId,
+    client: ClientInfo,
+    engine: Arc<dyn Engine>,
+    /// Cloned into every submission; our own replies go through it too, so that there is
+    /// one write path.
+    events_tx: UnboundedSender<ServerMessage>,
+    events_rx: UnboundedReceiver<ServerMessage>,
+    /// Generations submitted whose `Done` has not been written yet.
+    running: HashSet<u64>,
+    /// Shutdown was requested: no new generations; close once `running` is empty.
+    draining: bool,
+    generations: u64,
+}
+
+impl Connection {
+    async fn serve(&mut self, framed: &mut ServerFramed, shutdown: &CancellationToken) -> End {
+        loop {
+            if self.draining && self.running.is_empty() {
+                send_final(framed, connection_error(ErrorKind::ShuttingDown, "sparkd is shutting down")).await;
+                return End::Shutdown;
+            }
+            tokio::select! {
+                // Never `None`: this connection holds a sender itself.
+                Some(event) = self.events_rx.recv() => {
+                    if self.write_events(framed, event).await.is_err() {
+                        return End::Disconnected;
+                    }
+                }
+                frame = framed.next() => match frame {
+                    Some(Ok(message)) => {
+                        let arrived = Instant::now();
+                        if let Err(refusal) = self.handle(message, arrived) {
+                            return refuse(framed, refusal).await;
+                        }
+                    }
+                    Some(Err(err)) => {
+                        return match codec_refusal(&err) {
+                            Some(refusal) => {
+                                tracing::warn!(conn = self.conn, uid = ?self.client.uid, %err, "closing connection");
+                                refuse(framed, refusal).await
+                            }
+                            None => End::Disconnected,
+                        };
+                    }
+                    None => return End::Disconnected,
+                },
+                _ = shutdown.cancelled(), if !self.draining => self.draining = true,
+            }
+        }
+    }
+
+    /// Acts on one request. An `Err` is a connection-level error: send it and close.
+    fn handle(&mut self, message: ClientMessage, arrived: Instant) -> Result<(), ErrorEvent> {
+        match message {
+            ClientMessage::Hello(_) => {
+                return Err(connection_error(ErrorKind::Handshake, "Hello was already sent on this connection"));
+            }
+            ClientMessage::Generate(request) => self.generate(request, arrived),
+            ClientMessage::Cancel { id } => {
+                if self.running.contains(&id) {
+                    self.engine.cancel(self.conn, id, FinishReason::Cancelled);
+                }
+            }
+            ClientMessage::Tokenize { id, text, special } => self.tokenize(id, text, special),
+            ClientMessage::Status { id } => {
+                self.reply(ServerMessage::Status { id, status: self.engine.status() });
+            }
+            ClientMessage::Jobs { id, limit } => {
+                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                self.reply(ServerMessage::Jobs { id, jobs: self.engine.jobs(limit) });
+            }
+            ClientMessage::Models { id } => {
+                self.reply(ServerMessage::Models { id, models: self.engine.models() });
+            }
+        }
+        Ok(())
+    }
+
+    fn generate(&mut self, request: GenerateRequest, arrived: Instant) {
+        let id = request.id;
+        if self.draining {
+            self.reply(request_error(id, ErrorKind::ShuttingDown, "sparkd is shutting down".into()));
+            return;
+        }
+        if !self.running.insert(id) {
+            let message = format!("request id {id} is already running on this connection");
+            self.reply(request_error(id, ErrorKind::DuplicateId, message));
+            return;
+        }
+        let submission = Submission {
+            conn: self.conn,
+            client: self.client,
+            request,
+            arrived,
+            events: self.events_tx.clone(),
+        };
+        match self.engine.submit(submission) {
+            Ok(()) => self.generations += 1,
+            Err(rejection) => {
+                self.running.remove(&id);
+                tracing::debug!(conn = self.conn, id, kind = ?rejection.kind, "generation rejected");
+                // The id is forced: without one the client would take it for a
+                // connection-level error.
+                self.reply(ServerMessage::Error(ErrorEvent { id: Some(id), ..rejection }));
+            }
+        }
+    }
+
+    /// Tokenizing a long text takes a while: do it off the async workers.
+    fn tokenize(&self, id: u64, text: String, special: bool) {
+        let engine = Arc::clone(&self.engine);
+        let events = self.events_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let reply = match catch_unwind(AssertUnwindSafe(|| engine.tokenize(&text, special))) {
+                Ok(Ok(tokens)) => ServerMessage::Tokens { id, tokens },
+                Ok(Err(err)) => ServerMessage::Error(ErrorEvent { id: Some(id), ..err }),
+                Err(_panic) => request_error(id, ErrorKind::Internal, "the tokenizer failed".into()),
+            };
+            // The connection may be gone; then nobody wants the reply.
+            let _ = events.send(reply);
+        });
+    }
+
+    fn reply(&self, message: ServerMessage) {
+        // Cannot fail: `self.events_rx` is alive as long as `self`.
+        let _ = self.events_tx.send(message);
+    }
+
+    /// Writes `first` and whatever else is queued, then flushes once.
+    async fn write_events(&mut self, framed: &mut ServerFramed, first: ServerMessage) -> Result<(), CodecError> {
+        let mut next = Some(first);
+        let mut written = 0;
+        while let Some(message) = next {
+            if let ServerMessage::Done(done) = &message {
+                self.running.remove(&done.id);
+            }
+            framed.feed(message).await?;
+            written += 1;
+            next = if written < MAX_WRITE_BATCH { self.events_rx.try_recv().ok() } else { None };
+        }
+        framed.flush().await
+    }
+}
+
+/// The error frame for a codec failure, or `None` when the peer simply went away.
+fn codec_refusal(err: &CodecError) -> Option<ErrorEvent> {
+    match err {
+        CodecError::FrameTooLarge { .. } => Some(connection_error(ErrorKind::FrameTooLarge, err.to_string())),
+        CodecError::BadFrame(_) | CodecError::Encode(_) => {
+            Some(connection_error(ErrorKind::BadFrame, err.to_string()))
+        }
+        CodecError::Io(_) => None,
+    }
+}
+
+async fn refuse(framed: &mut ServerFramed, refusal: ErrorEvent) -> End {
+    let kind = refusal.kind;
+    send_final(framed, refusal).await;
+    End::Refused(kind)
+}
+
+/// Writes a connection's last frame, best effort.
+async fn send_final(framed: &mut ServerFramed, refusal: ErrorEvent) {
+    let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, framed.send(ServerMessage::Error(refusal))).await;
+}
+
+fn connection_error(kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
+    ErrorEvent { id: None, kind, message: message.into() }
+}
+
+fn request_error(id: u64, kind: ErrorKind, message: String) -> ServerMessage {
+    ServerMessage::Error(ErrorEvent { id: Some(id), kind, message })
+}
+
+/// A client-chosen name, safe for a log line.
+fn printable(name: &str) -> String {
+    name.chars().filter(|c| !c.is_control()).take(64).collect()
+}
