@@ -1,5 +1,6 @@
 //! HTTP tests: the real router on 127.0.0.1:0, a real HTTP client, a fake daemon.
 
+mod daemon;
 mod fake;
 mod generation;
 mod misc;
