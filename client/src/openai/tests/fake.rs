@@ -35,6 +35,8 @@ pub enum Behaviour {
     EngineErrorMidStream,
     /// One token, then nothing until the stream is dropped.
     Hang,
+    /// Nothing at all (a long queue or prefill) until the stream is dropped.
+    HangBeforeFirstToken,
 }
 
 pub struct FakeBackend {
@@ -156,7 +158,7 @@ impl FakeBackend {
         stream::iter(events).boxed()
     }
 
-    fn hang(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
+    fn hang(self: &Arc<Self>, req: &GenerateRequest, first_token: bool) -> EventStream {
         let mut guard = DropGuard(Some(self.clone()));
         let first = Ok(BackendEvent::Token(token(
             req.id,
@@ -164,7 +166,8 @@ impl FakeBackend {
             PIECES[0],
             req.logprobs,
         )));
-        stream::iter([first])
+        let first = if first_token { vec![first] } else { Vec::new() };
+        stream::iter(first)
             .chain(stream::pending())
             .map(move |event| {
                 // The guard lives as long as the stream: a hanging generation never
@@ -250,7 +253,8 @@ impl Backend for SharedFake {
                 }
                 Behaviour::Unavailable => return Err(unavailable()),
                 Behaviour::EngineErrorMidStream => fake.engine_error(&req),
-                Behaviour::Hang => fake.hang(&req),
+                Behaviour::Hang => fake.hang(&req, true),
+                Behaviour::HangBeforeFirstToken => fake.hang(&req, false),
             })
         })
     }

@@ -318,6 +318,27 @@ async fn client_disconnect_mid_stream_cancels_the_generation() {
 }
 
 #[tokio::test]
+async fn client_disconnect_before_the_first_token_cancels_too() {
+    let server = TestServer::start(Behaviour::HangBeforeFirstToken, RouterOptions::default()).await;
+    for stream in [true, false] {
+        let mut body = chat_body("x");
+        body["stream"] = json!(stream);
+        let notified = server.fake.cancelled_notify.notified();
+        let request = client()
+            .post(server.url("/v1/chat/completions"))
+            .json(&body)
+            .send();
+        // The handler is waiting for the first event; the client gives up.
+        let gave_up = tokio::time::timeout(Duration::from_millis(300), request).await;
+        assert!(gave_up.is_err(), "no answer was expected yet");
+        tokio::time::timeout(Duration::from_secs(5), notified)
+            .await
+            .unwrap_or_else(|_| panic!("generation not dropped (stream={stream})"));
+    }
+    assert_eq!(server.fake.cancelled.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
 async fn shutdown_ends_open_streams() {
     let server = TestServer::start(Behaviour::Hang, RouterOptions::default()).await;
     let mut body = chat_body("x");
