@@ -4,6 +4,7 @@
 //! against a fake; `daemon_backend` adapts the real client. The endpoints and the extra
 //! fields sparkd adds are described in `README.md` beside this file.
 
+mod args;
 mod auth;
 mod backend;
 mod daemon_backend;
@@ -15,6 +16,7 @@ mod response;
 mod routes;
 mod server;
 
+pub use args::ServeOpenAiArgs;
 pub use backend::{Backend, BackendError, BackendEvent, EventStream};
 pub use daemon_backend::DaemonBackend;
 pub use server::{bind, router, serve, RouterOptions, ServeError, DEFAULT_MAX_BODY_BYTES};
