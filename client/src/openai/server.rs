@@ -103,6 +103,10 @@ async fn count_request(State(state): State<AppState>, request: Request, next: Ne
         .record_request(&endpoint, response.status().as_u16());
     if let Some(ErrorMetric(kind)) = response.extensions().get::<ErrorMetric>() {
         state.metrics.record_error(kind);
+        // Client mistakes are the client's business; our and the daemon's failures are ours.
+        if response.status().is_server_error() {
+            tracing::warn!(%endpoint, status = response.status().as_u16(), kind, "request failed");
+        }
     }
     response
 }
