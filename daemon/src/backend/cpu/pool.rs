@@ -4,6 +4,11 @@
 //! dispatch must cost about a microsecond: workers spin for a while on a shared epoch
 //! counter after each job, and only park on a condition variable when the pool has been
 //! idle for longer than `SPIN_FOR`. The calling thread takes part as thread 0.
+//!
+//! Thread indices are claimed, not assigned: whichever thread is ready first runs the
+//! next unclaimed index, and the caller runs any that are left when it is done with its
+//! own. On a machine busier than it has cores a descheduled worker then costs at most
+//! its share of the work, not a scheduler time slice of waiting.
 
 use std::any::Any;
 use std::cell::Cell;
@@ -23,12 +28,15 @@ type Job<'a> = dyn Fn(usize, usize) + Sync + 'a;
 /// What the caller and the workers share.
 struct Shared {
     n_threads: usize,
-    /// Bumped once per job; a worker runs the job when it sees a new value.
+    /// Bumped once per job to wake the workers.
     epoch: AtomicUsize,
     /// Points at the caller's `&Job` for the duration of one `run`.
     job: AtomicPtr<&'static Job<'static>>,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
+    /// The next thread index (1..n) to claim; reset to 1 by each `run`, and only ever
+    /// incremented otherwise, so a claim below `n_threads` belongs to the current job.
+    claim: AtomicUsize,
+    /// Claimed indices (other than 0) whose call has returned.
+    done: AtomicUsize,
     /// The first panic of the current job, re-raised on the caller.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
     shutdown: AtomicBool,
@@ -60,7 +68,8 @@ impl ThreadPool {
             n_threads,
             epoch: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
-            pending: AtomicUsize::new(0),
+            claim: AtomicUsize::new(usize::MAX / 2),
+            done: AtomicUsize::new(0),
             panic: Mutex::new(None),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -72,7 +81,7 @@ impl ThreadPool {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("sparkd-cpu-{index}"))
-                    .spawn(move || worker(&shared, index))
+                    .spawn(move || worker(&shared))
                     .expect("spawning a CPU worker thread")
             })
             .collect();
@@ -101,16 +110,18 @@ impl ThreadPool {
         let _serial = lock(&self.run_lock);
         let shared = &*self.shared;
 
-        // SAFETY: the `'static` is a lie that this function makes true: workers only
-        // dereference `job` between the epoch bump below and their decrement of
-        // `pending`, and this function does not return (or unwind) before `pending` is
-        // back to zero, so `f` outlives every use.
+        // SAFETY: the `'static` is a lie that this function makes true: the job is only
+        // dereferenced by a thread that claimed an index below `n` (possible only between
+        // the `claim` reset below and the moment every index is claimed), and this
+        // function does not return (or unwind) before every claimed call has returned.
         let f_static: &'static Job<'static> = unsafe { std::mem::transmute::<&Job<'_>, _>(f) };
         let job_ref: &&'static Job<'static> = &f_static;
         shared
             .job
             .store(job_ref as *const _ as *mut _, Ordering::Relaxed);
-        shared.pending.store(n - 1, Ordering::Relaxed);
+        shared.done.store(0, Ordering::Relaxed);
+        // Publishes `job` and `done` to whoever claims an index.
+        shared.claim.store(1, Ordering::Release);
         // SeqCst pairs with the sleeper count in `worker` (see there).
         shared.epoch.fetch_add(1, Ordering::SeqCst);
         if shared.sleepers.load(Ordering::SeqCst) > 0 {
@@ -119,11 +130,13 @@ impl ThreadPool {
         }
 
         let mine = run_marked(|| f(0, n));
+        // Run the indices no worker has claimed yet.
+        run_claimed(shared);
 
         let mut spins = 0u32;
-        while shared.pending.load(Ordering::Acquire) != 0 {
+        while shared.done.load(Ordering::Acquire) != n - 1 {
             spins = spins.wrapping_add(1);
-            if spins < 1 << 16 {
+            if spins < 1 << 12 {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -137,6 +150,25 @@ impl ThreadPool {
         if let Some(payload) = theirs {
             panic::resume_unwind(payload);
         }
+    }
+}
+
+/// Claims and runs indices of the current job until none are left.
+fn run_claimed(shared: &Shared) {
+    let n = shared.n_threads;
+    loop {
+        let i = shared.claim.fetch_add(1, Ordering::Acquire);
+        if i >= n {
+            return;
+        }
+        // SAFETY: a claim below `n` means a `run` is in progress: it stored a pointer to
+        // a live `&Job` before resetting `claim` (the Acquire above makes it visible) and
+        // waits for this call to be counted in `done` before the job dies.
+        let f: &Job<'static> = unsafe { *shared.job.load(Ordering::Relaxed) };
+        if let Err(payload) = run_marked(|| f(i, n)) {
+            lock(&shared.panic).get_or_insert(payload);
+        }
+        shared.done.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -176,7 +208,7 @@ fn run_marked(f: impl FnOnce()) -> Result<(), Box<dyn Any + Send>> {
     r
 }
 
-fn worker(shared: &Shared, index: usize) {
+fn worker(shared: &Shared) {
     let mut seen = 0usize;
     loop {
         // Wait for a new epoch: spin first, then park.
@@ -205,17 +237,7 @@ fn worker(shared: &Shared, index: usize) {
         if shared.shutdown.load(Ordering::Acquire) {
             return;
         }
-        let job = shared.job.load(Ordering::Relaxed);
-        if !job.is_null() {
-            // SAFETY: `run` stored a pointer to a live `&Job` before bumping the epoch
-            // (the Acquire load of `epoch` above makes it visible) and keeps it alive
-            // until this thread decrements `pending` below.
-            let f: &Job<'static> = unsafe { *job };
-            if let Err(payload) = run_marked(|| f(index, shared.n_threads)) {
-                lock(&shared.panic).get_or_insert(payload);
-            }
-        }
-        shared.pending.fetch_sub(1, Ordering::Release);
+        run_claimed(shared);
     }
 }
 

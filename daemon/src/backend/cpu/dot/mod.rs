@@ -12,22 +12,60 @@
 
 use std::sync::OnceLock;
 
+/// Expands to a `match` on a runtime tile shape `(rows, nr)` in `1..=MR x 1..=NR` that
+/// invokes `$call!(M, N)` with literal constants, so SIMD kernels can be monomorphised
+/// on the shape (accumulators then live in registers).
+#[allow(unused_macros)]
+macro_rules! tile_shapes {
+    ($m:expr, $n:expr, $call:ident) => {
+        match ($m, $n) {
+            (1, 1) => $call!(1, 1),
+            (1, 2) => $call!(1, 2),
+            (1, 3) => $call!(1, 3),
+            (1, 4) => $call!(1, 4),
+            (2, 1) => $call!(2, 1),
+            (2, 2) => $call!(2, 2),
+            (2, 3) => $call!(2, 3),
+            (2, 4) => $call!(2, 4),
+            (3, 1) => $call!(3, 1),
+            (3, 2) => $call!(3, 2),
+            (3, 3) => $call!(3, 3),
+            (3, 4) => $call!(3, 4),
+            (4, 1) => $call!(4, 1),
+            (4, 2) => $call!(4, 2),
+            (4, 3) => $call!(4, 3),
+            (4, 4) => $call!(4, 4),
+            (m, n) => panic!("tile shape {m}x{n} outside 4x4"),
+        }
+    };
+}
+
 pub(crate) mod scalar;
 
+// Register tiles are indexed `[r][j]` in lockstep over several arrays; index loops over
+// the const tile shape read better than zipped iterators and unroll the same.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
 mod avx2;
+// AVX-512 intrinsics need Rust 1.89 (the workspace `rust-version` should say so).
 #[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+#[allow(clippy::needless_range_loop)]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
+#[allow(clippy::needless_range_loop)]
 mod neon;
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests;
 
 /// Most weight rows per tile.
 pub(crate) const MR: usize = 4;
 /// Most activation rows per tile.
 pub(crate) const NR: usize = 4;
+// `tile_shapes!` spells out every shape.
+const _: () = assert!(MR == 4 && NR == 4);
 
 /// A tile's results: `out[r][j]` for weight row `r`, activation row `j`.
 pub(crate) type Out = [[f32; NR]; MR];
@@ -48,6 +86,32 @@ impl<'a> WTile<'a> {
     pub fn row(&self, r: usize) -> &'a [u8] {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
+
+    /// Asserts the layout a SIMD kernel relies on before it reads through raw pointers.
+    #[allow(dead_code)]
+    pub fn check(&self, block_elems: usize, block_bytes: usize) {
+        assert!((1..=MR).contains(&self.rows), "tile of {} rows", self.rows);
+        assert_eq!(self.cols % block_elems, 0, "ragged row");
+        assert_eq!(
+            self.row_bytes,
+            self.cols / block_elems * block_bytes,
+            "row size"
+        );
+        assert!(self.data.len() >= self.rows * self.row_bytes, "tile data");
+    }
+}
+
+/// Asserts that activation rows `j0..j0 + nr` exist in buffers holding `per_row` values
+/// per row each (the SIMD kernels read them through raw pointers).
+#[allow(dead_code)]
+fn check_rows(j0: usize, nr: usize, buffers: &[(usize, usize)]) {
+    assert!((1..=NR).contains(&nr), "tile of {nr} activation rows");
+    for &(len, per_row) in buffers {
+        assert!(
+            len >= (j0 + nr) * per_row,
+            "activation rows {j0}+{nr} out of range"
+        );
+    }
 }
 
 /// Activations quantized in blocks of 32, for the legacy weight types (Q4_0 .. Q8_0):
@@ -62,8 +126,19 @@ pub(crate) struct Q8Acts<'a> {
 }
 
 impl<'a> Q8Acts<'a> {
-    pub fn rows(&self) -> usize {
-        self.qs.len() / self.cols
+    #[allow(dead_code)]
+    pub fn check(&self, w: &WTile, j0: usize, nr: usize) {
+        assert_eq!(self.cols, w.cols, "activation width");
+        let nb = self.cols / 32;
+        check_rows(
+            j0,
+            nr,
+            &[
+                (self.qs.len(), self.cols),
+                (self.d.len(), nb),
+                (self.s.len(), nb),
+            ],
+        );
     }
     pub fn qs(&self, j: usize) -> &'a [i8] {
         &self.qs[j * self.cols..(j + 1) * self.cols]
@@ -90,8 +165,19 @@ pub(crate) struct Q8KActs<'a> {
 }
 
 impl<'a> Q8KActs<'a> {
-    pub fn rows(&self) -> usize {
-        self.qs.len() / self.cols
+    #[allow(dead_code)]
+    pub fn check(&self, w: &WTile, j0: usize, nr: usize) {
+        assert_eq!(self.cols, w.cols, "activation width");
+        let (nb, ns) = (self.cols / 256, self.cols / 16);
+        check_rows(
+            j0,
+            nr,
+            &[
+                (self.qs.len(), self.cols),
+                (self.d.len(), nb),
+                (self.bsums.len(), ns),
+            ],
+        );
     }
     pub fn qs(&self, j: usize) -> &'a [i8] {
         &self.qs[j * self.cols..(j + 1) * self.cols]
@@ -114,8 +200,10 @@ pub(crate) struct F32Acts<'a> {
 }
 
 impl<'a> F32Acts<'a> {
-    pub fn rows(&self) -> usize {
-        self.x.len() / self.cols
+    #[allow(dead_code)]
+    pub fn check(&self, w: &WTile, j0: usize, nr: usize) {
+        assert_eq!(self.cols, w.cols, "activation width");
+        check_rows(j0, nr, &[(self.x.len(), self.cols)]);
     }
     pub fn row(&self, j: usize) -> &'a [f32] {
         &self.x[j * self.cols..(j + 1) * self.cols]
