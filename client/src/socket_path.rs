@@ -75,21 +75,39 @@ mod tests {
 
     #[test]
     fn users_without_xdg_get_a_per_uid_tmp_dir() {
-        assert_eq!(default_socket_path_for(None, 1234), Path::new("/tmp/sparkd-1234/sparkd.sock"));
+        assert_eq!(
+            default_socket_path_for(None, 1234),
+            Path::new("/tmp/sparkd-1234/sparkd.sock")
+        );
         assert_eq!(
             default_socket_path_for(Some("relative/dir".into()), 1234),
             Path::new("/tmp/sparkd-1234/sparkd.sock")
         );
-        assert_eq!(default_socket_path_for(Some("".into()), 1234), Path::new("/tmp/sparkd-1234/sparkd.sock"));
+        assert_eq!(
+            default_socket_path_for(Some("".into()), 1234),
+            Path::new("/tmp/sparkd-1234/sparkd.sock")
+        );
     }
 
     #[test]
     fn flag_then_env_then_default() {
         let default = || PathBuf::from("/default.sock");
         let flag = Path::new("/flag.sock");
-        assert_eq!(resolve_socket_path_from(Some(flag), Some("/env.sock".into()), default), flag);
-        assert_eq!(resolve_socket_path_from(None, Some("/env.sock".into()), default), Path::new("/env.sock"));
-        assert_eq!(resolve_socket_path_from(None, Some("".into()), default), Path::new("/default.sock"));
-        assert_eq!(resolve_socket_path_from(None, None, default), Path::new("/default.sock"));
+        assert_eq!(
+            resolve_socket_path_from(Some(flag), Some("/env.sock".into()), default),
+            flag
+        );
+        assert_eq!(
+            resolve_socket_path_from(None, Some("/env.sock".into()), default),
+            Path::new("/env.sock")
+        );
+        assert_eq!(
+            resolve_socket_path_from(None, Some("".into()), default),
+            Path::new("/default.sock")
+        );
+        assert_eq!(
+            resolve_socket_path_from(None, None, default),
+            Path::new("/default.sock")
+        );
     }
 }

@@ -39,7 +39,9 @@ pub struct PeerReport {
 /// Tokens that look like text to the model but need no tokenizer: a fixed spread over
 /// the vocabulary, so runs are repeatable.
 fn bench_tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
-    (0..n).map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32).collect()
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
+        .collect()
 }
 
 struct Bench<'m> {
@@ -54,10 +56,19 @@ impl Bench<'_> {
         let mut best = Duration::MAX;
         for _ in 0..reps {
             let mut table = BlockTable::default();
-            self.kv.reserve(&mut table, n).expect("bench KV sized for the prompt");
-            let batch = [SeqInput { table: &table, tokens: &tokens, start_pos: 0, want_logits: true }];
+            self.kv
+                .reserve(&mut table, n)
+                .expect("bench KV sized for the prompt");
+            let batch = [SeqInput {
+                table: &table,
+                tokens: &tokens,
+                start_pos: 0,
+                want_logits: true,
+            }];
             let t = Instant::now();
-            self.model.forward(&batch, &mut self.kv, &mut self.ws).expect("bench forward");
+            self.model
+                .forward(&batch, &mut self.kv, &mut self.ws)
+                .expect("bench forward");
             best = best.min(t.elapsed());
             self.kv.release(&mut table);
         }
@@ -70,16 +81,27 @@ impl Bench<'_> {
         let vocab = self.model.config.vocab_size;
         let prompt = 16;
         let mut tables: Vec<BlockTable> = (0..streams).map(|_| BlockTable::default()).collect();
-        let mut seqs: Vec<Vec<u32>> = (0..streams).map(|s| bench_tokens(prompt, vocab, s + 2)).collect();
+        let mut seqs: Vec<Vec<u32>> = (0..streams)
+            .map(|s| bench_tokens(prompt, vocab, s + 2))
+            .collect();
         for t in tables.iter_mut() {
-            self.kv.reserve(t, prompt + steps + 1).expect("bench KV sized for the streams");
+            self.kv
+                .reserve(t, prompt + steps + 1)
+                .expect("bench KV sized for the streams");
         }
         let batch: Vec<SeqInput> = tables
             .iter()
             .zip(&seqs)
-            .map(|(t, s)| SeqInput { table: t, tokens: s, start_pos: 0, want_logits: true })
+            .map(|(t, s)| SeqInput {
+                table: t,
+                tokens: s,
+                start_pos: 0,
+                want_logits: true,
+            })
             .collect();
-        self.model.forward(&batch, &mut self.kv, &mut self.ws).expect("bench forward");
+        self.model
+            .forward(&batch, &mut self.kv, &mut self.ws)
+            .expect("bench forward");
         drop(batch);
         let mut elapsed = Duration::ZERO;
         for step in 0..steps {
@@ -98,7 +120,9 @@ impl Bench<'_> {
                 })
                 .collect();
             let t = Instant::now();
-            self.model.forward(&batch, &mut self.kv, &mut self.ws).expect("bench forward");
+            self.model
+                .forward(&batch, &mut self.kv, &mut self.ws)
+                .expect("bench forward");
             elapsed += t.elapsed();
         }
         for t in tables.iter_mut() {
@@ -118,10 +142,19 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-pub fn run(model: &Model, name: &str, threads: usize, peer: Option<&Path>) -> anyhow::Result<BenchReport> {
+pub fn run(
+    model: &Model,
+    name: &str,
+    threads: usize,
+    peer: Option<&Path>,
+) -> anyhow::Result<BenchReport> {
     let resident_after_load = crate::engine::resident_bytes();
     let kv_tokens = 8 * 128 + 1024;
-    let mut b = Bench { model, kv: model.new_kv_cache(kv_tokens), ws: Workspace::new(threads) };
+    let mut b = Bench {
+        model,
+        kv: model.new_kv_cache(kv_tokens),
+        ws: Workspace::new(threads),
+    };
     // Warm up: page in the weights and size the buffers.
     b.prefill(32, 1);
     let prefill_128_tps = b.prefill(128, 3);
@@ -158,11 +191,25 @@ fn run_peer(dir: &Path, model: &Path, threads: usize) -> anyhow::Result<PeerRepo
     let out = Command::new(&exe)
         .arg("-m")
         .arg(model)
-        .args(["-t", &threads.to_string(), "-p", "128,512", "-n", "64", "-r", "3", "-o", "json"])
+        .args([
+            "-t",
+            &threads.to_string(),
+            "-p",
+            "128,512",
+            "-n",
+            "64",
+            "-r",
+            "3",
+            "-o",
+            "json",
+        ])
         .output()
         .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", exe.display()))?;
     if !out.status.success() {
-        anyhow::bail!("llama-bench failed: {}", String::from_utf8_lossy(&out.stderr));
+        anyhow::bail!(
+            "llama-bench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
     let pick = |p: u64, g: u64| {
@@ -171,7 +218,11 @@ fn run_peer(dir: &Path, model: &Path, threads: usize) -> anyhow::Result<PeerRepo
             .and_then(|r| r["avg_ts"].as_f64())
             .ok_or_else(|| anyhow::anyhow!("llama-bench output lacks pp{p}/tg{g}"))
     };
-    Ok(PeerReport { prefill_128_tps: pick(128, 0)?, prefill_512_tps: pick(512, 0)?, decode_tps: pick(0, 64)? })
+    Ok(PeerReport {
+        prefill_128_tps: pick(128, 0)?,
+        prefill_512_tps: pick(512, 0)?,
+        decode_tps: pick(0, 64)?,
+    })
 }
 
 pub fn print_table(r: &BenchReport) {
@@ -188,12 +239,42 @@ pub fn print_table(r: &BenchReport) {
         r.file_bytes as f64 / 1e6,
         r.weight_bytes_per_token as f64 / 1e6
     );
-    println!("{:<28} {:>9} {:>9} {:>8}", "test", "sparkd", "llama.cpp", "ratio");
-    println!("{:<28} {:>9.1} {}", "prefill pp128 (tok/s)", r.prefill_128_tps, ratio(r.prefill_128_tps, p.map(|p| p.prefill_128_tps)));
-    println!("{:<28} {:>9.1} {}", "prefill pp512 (tok/s)", r.prefill_512_tps, ratio(r.prefill_512_tps, p.map(|p| p.prefill_512_tps)));
-    println!("{:<28} {:>9.1} {}", "decode tg64 (tok/s)", r.decode_tps, ratio(r.decode_tps, p.map(|p| p.decode_tps)));
-    println!("{:<28} {:>9.1} {:>9} {:>7.2}x", "aggregate decode, 4 seqs", r.aggregate_4_tps, "", r.aggregate_4_tps / r.decode_tps);
-    println!("{:<28} {:>9.1} {:>9} {:>7.2}x", "aggregate decode, 8 seqs", r.aggregate_8_tps, "", r.aggregate_8_tps / r.decode_tps);
+    println!(
+        "{:<28} {:>9} {:>9} {:>8}",
+        "test", "sparkd", "llama.cpp", "ratio"
+    );
+    println!(
+        "{:<28} {:>9.1} {}",
+        "prefill pp128 (tok/s)",
+        r.prefill_128_tps,
+        ratio(r.prefill_128_tps, p.map(|p| p.prefill_128_tps))
+    );
+    println!(
+        "{:<28} {:>9.1} {}",
+        "prefill pp512 (tok/s)",
+        r.prefill_512_tps,
+        ratio(r.prefill_512_tps, p.map(|p| p.prefill_512_tps))
+    );
+    println!(
+        "{:<28} {:>9.1} {}",
+        "decode tg64 (tok/s)",
+        r.decode_tps,
+        ratio(r.decode_tps, p.map(|p| p.decode_tps))
+    );
+    println!(
+        "{:<28} {:>9.1} {:>9} {:>7.2}x",
+        "aggregate decode, 4 seqs",
+        r.aggregate_4_tps,
+        "",
+        r.aggregate_4_tps / r.decode_tps
+    );
+    println!(
+        "{:<28} {:>9.1} {:>9} {:>7.2}x",
+        "aggregate decode, 8 seqs",
+        r.aggregate_8_tps,
+        "",
+        r.aggregate_8_tps / r.decode_tps
+    );
     println!("decode reads {:.1} GB/s of weights", r.decode_gbps);
     println!(
         "resident after load {:.1} MB (file {:.1} MB; KV pool of the engine comes on top)",

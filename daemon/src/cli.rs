@@ -10,7 +10,11 @@ use crate::model::{synth, Arch, Model};
 use crate::quant::GgmlType;
 
 #[derive(Debug, Parser)]
-#[command(name = "sparkd", version, about = "Resident LLM daemon: one model loaded once, served over a Unix socket")]
+#[command(
+    name = "sparkd",
+    version,
+    about = "Resident LLM daemon: one model loaded once, served over a Unix socket"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Cmd>,
@@ -100,9 +104,13 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// Fills every setting not given on the command line from the config file.
     pub fn with_config_file(self) -> anyhow::Result<ServeArgs> {
-        let Some(path) = self.config.clone() else { return Ok(self) };
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let file: ServeArgs = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let Some(path) = self.config.clone() else {
+            return Ok(self);
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let file: ServeArgs =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         Ok(ServeArgs {
             config: self.config,
             model: self.model.or(file.model),
@@ -190,7 +198,9 @@ pub fn model_path(name: &str, may_pull: bool) -> anyhow::Result<PathBuf> {
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let path = model_path(&args.model, true)?;
     let model = Model::load(&path)?;
-    let threads = args.threads.unwrap_or_else(crate::backend::cpu::physical_cores);
+    let threads = args
+        .threads
+        .unwrap_or_else(crate::backend::cpu::physical_cores);
     let report = crate::bench::run(&model, &args.model, threads, args.peer.as_deref())?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -244,5 +254,7 @@ fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
     ];
-    ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s)).with_context(|| format!("unknown weight type `{s}`"))
+    ALL.into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(s))
+        .with_context(|| format!("unknown weight type `{s}`"))
 }

@@ -25,7 +25,9 @@ pub fn init_logging() {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match journald {
         Some(layer) => registry.with(layer).try_init(),
-        None => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).try_init(),
+        None => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
     };
     // A second init (tests) is harmless.
     let _ = result;
@@ -34,7 +36,8 @@ pub fn init_logging() {
 /// The name clients use for the model: the known name, or the file's stem for a path.
 fn model_name(arg: &str, path: &Path) -> String {
     if Path::new(arg).is_file() {
-        path.file_stem().map_or_else(|| arg.to_string(), |s| s.to_string_lossy().into_owned())
+        path.file_stem()
+            .map_or_else(|| arg.to_string(), |s| s.to_string_lossy().into_owned())
     } else {
         arg.to_string()
     }
@@ -50,7 +53,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         DeviceArg::Auto => tracing::info!("device auto: using the CPU backend (no CUDA backend in this build)"),
         DeviceArg::Cpu => {}
     }
-    let model_arg = args.model.clone().unwrap_or_else(|| DEFAULT_MODEL.to_string());
+    let model_arg = args
+        .model
+        .clone()
+        .unwrap_or_else(|| DEFAULT_MODEL.to_string());
     let socket_path = spark_client::resolve_socket_path(args.socket.as_deref());
     let grace = Duration::from_secs_f64(args.shutdown_grace.unwrap_or(30.0).max(0.0));
     let mut server_cfg = ServerConfig::new(socket_path.clone());
@@ -88,8 +94,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.step_tokens = args.step_tokens.unwrap_or(cfg.step_tokens);
     cfg.keep_jobs = args.keep_jobs.unwrap_or(cfg.keep_jobs);
     if let Some(p) = &args.chat_template {
-        cfg.chat_template =
-            Some(std::fs::read_to_string(p).with_context(|| format!("reading chat template {}", p.display()))?);
+        cfg.chat_template = Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading chat template {}", p.display()))?,
+        );
     }
     let engine = EngineHandle::start(model, cfg)?;
     tracing::info!(model = %name, path = %path.display(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
@@ -144,12 +152,18 @@ async fn run_server(
 /// A second one: end every generation now.
 async fn watch_signals(shutdown: CancellationToken, engine: Arc<EngineHandle>, grace: Duration) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-    tracing::info!(grace_s = grace.as_secs_f64(), "shutting down: finishing running generations");
+    tracing::info!(
+        grace_s = grace.as_secs_f64(),
+        "shutting down: finishing running generations"
+    );
     notify::stopping();
     shutdown.cancel();
     engine.shutdown(grace);

@@ -51,8 +51,11 @@ pub fn stopping() {
 /// STATUS line as well.
 pub async fn keep_alive(engine: Arc<EngineHandle>, shutdown: CancellationToken) {
     let mut usec = 0;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec));
-    let period = watchdog.map_or(Duration::from_secs(5), |w| (w / 2).min(Duration::from_secs(5)));
+    let watchdog =
+        sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec));
+    let period = watchdog.map_or(Duration::from_secs(5), |w| {
+        (w / 2).min(Duration::from_secs(5))
+    });
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -56,7 +56,11 @@ fn cases() -> (Vec<u32>, Vec<Case>) {
     let fixture: serde_json::Value =
         serde_json::from_str(include_str!("fixtures/greedy_smollm2.json")).expect("fixture parses");
     let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+        v.as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect()
     };
     let masked = ids(&fixture["masked_ids"]);
     let cases = fixture["cases"]
@@ -71,7 +75,12 @@ fn cases() -> (Vec<u32>, Vec<Case>) {
                 .expect("top2")
                 .iter()
                 .map(|s| {
-                    let p = |i: usize| (s[i][0].as_u64().unwrap() as u32, s[i][1].as_f64().unwrap() as f32);
+                    let p = |i: usize| {
+                        (
+                            s[i][0].as_u64().unwrap() as u32,
+                            s[i][1].as_f64().unwrap() as f32,
+                        )
+                    };
                     [p(0), p(1)]
                 })
                 .collect(),
@@ -99,12 +108,18 @@ fn greedy_decoding_follows_llama_cpp() {
         assert_eq!(case.expected.len(), 32);
         // Teacher-forced: prompt, then llama.cpp's own tokens one decode step at a time.
         let mut table = BlockTable::default();
-        kv.reserve(&mut table, case.prompt.len() + case.expected.len()).unwrap();
+        kv.reserve(&mut table, case.prompt.len() + case.expected.len())
+            .unwrap();
         let mut toks = case.prompt.clone();
         let mut pos = 0;
         let mut ours = Vec::new();
         for (step, &want) in case.expected.iter().enumerate() {
-            let b = [SeqInput { table: &table, tokens: &toks[pos..], start_pos: pos, want_logits: true }];
+            let b = [SeqInput {
+                table: &table,
+                tokens: &toks[pos..],
+                start_pos: pos,
+                want_logits: true,
+            }];
             model.forward(&b, &mut kv, &mut ws).expect("forward");
             pos = toks.len();
             // llama.cpp reports logprobs of the raw distribution, before ignore_eos.
@@ -125,16 +140,25 @@ fn greedy_decoding_follows_llama_cpp() {
             if got == want {
                 exact += 1;
             } else if !(lp1 - lp2 < NEAR_TIE && got == id2) {
-                failures.push(format!("case {ci} step {step}: chose {got}, llama.cpp {want} (margin {:.3})", lp1 - lp2));
+                failures.push(format!(
+                    "case {ci} step {step}: chose {got}, llama.cpp {want} (margin {:.3})",
+                    lp1 - lp2
+                ));
             }
             toks.push(want);
         }
         kv.release(&mut table);
 
         // Free-running: identical up to the first near-tie.
-        let clear = case.top2.iter().take_while(|s| s[0].1 - s[1].1 >= NEAR_TIE).count();
+        let clear = case
+            .top2
+            .iter()
+            .take_while(|s| s[0].1 - s[1].1 >= NEAR_TIE)
+            .count();
         if ours[..clear] != case.expected[..clear] {
-            failures.push(format!("case {ci}: greedy tokens differ before the first near-tie (step {clear})"));
+            failures.push(format!(
+                "case {ci}: greedy tokens differ before the first near-tie (step {clear})"
+            ));
         }
     }
     let mean_err = sum_err / steps as f32;
@@ -142,7 +166,9 @@ fn greedy_decoding_follows_llama_cpp() {
         "{exact}/{steps} teacher-forced steps chose llama.cpp's token; logprob difference mean {mean_err:.4}, worst {worst_err:.4}"
     );
     if mean_err > LOGPROB_MEAN_TOL || worst_err > LOGPROB_MAX_TOL {
-        failures.push(format!("logprobs differ from llama.cpp's by {mean_err:.3} on average, {worst_err:.3} at worst"));
+        failures.push(format!(
+            "logprobs differ from llama.cpp's by {mean_err:.3} on average, {worst_err:.3} at worst"
+        ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

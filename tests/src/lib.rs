@@ -16,7 +16,11 @@ pub fn bin_dir() -> PathBuf {
 
 pub fn bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
-    assert!(p.is_file(), "{} is not built; run `cargo build --workspace --bins` first", p.display());
+    assert!(
+        p.is_file(),
+        "{} is not built; run `cargo build --workspace --bins` first",
+        p.display()
+    );
     p
 }
 
@@ -106,7 +110,12 @@ impl Daemon {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn sparkd");
-        let mut d = Daemon { child, socket, dir, log };
+        let mut d = Daemon {
+            child,
+            socket,
+            dir,
+            log,
+        };
         d.wait_ready(Duration::from_secs(60));
         d
     }
@@ -122,7 +131,10 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("sparkd did not come up within {limit:?}: {}", self.log_text());
+        panic!(
+            "sparkd did not come up within {limit:?}: {}",
+            self.log_text()
+        );
     }
 
     pub fn log_text(&self) -> String {
@@ -130,7 +142,9 @@ impl Daemon {
     }
 
     pub async fn client(&self) -> spark_client::Client {
-        spark_client::Client::connect(&self.socket).await.expect("connect to sparkd")
+        spark_client::Client::connect(&self.socket)
+            .await
+            .expect("connect to sparkd")
     }
 
     pub fn signal(&self, sig: i32) {

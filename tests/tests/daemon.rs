@@ -13,8 +13,14 @@ fn raw_request(id: u64, text: &str, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         id,
         model: None,
-        input: PromptInput::Raw { text: text.into(), special: false },
-        sampling: SamplingParams { seed: Some(id), ..Default::default() },
+        input: PromptInput::Raw {
+            text: text.into(),
+            special: false,
+        },
+        sampling: SamplingParams {
+            seed: Some(id),
+            ..Default::default()
+        },
         max_tokens: Some(max_tokens),
         stop: vec![],
         logprobs: None,
@@ -35,7 +41,13 @@ async fn run_one(client: &spark_client::Client, req: GenerateRequest) -> Observe
     while let Some(ev) = gen.next().await {
         match ev.expect("stream event") {
             GenerationEvent::Token(_) => tokens += 1,
-            GenerationEvent::Done(done) => return Observed { tokens, elapsed: sent.elapsed(), done },
+            GenerationEvent::Done(done) => {
+                return Observed {
+                    tokens,
+                    elapsed: sent.elapsed(),
+                    done,
+                }
+            }
         }
     }
     panic!("stream ended without Done");
@@ -45,7 +57,9 @@ async fn wait_idle(client: &spark_client::Client) -> StatusReport {
     let start = Instant::now();
     loop {
         let s = client.status().await.expect("status");
-        if (s.running == 0 && s.queued == 0 && s.kv_blocks_used == 0) || start.elapsed() > Duration::from_secs(10) {
+        if (s.running == 0 && s.queued == 0 && s.kv_blocks_used == 0)
+            || start.elapsed() > Duration::from_secs(10)
+        {
             return s;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -77,26 +91,45 @@ async fn concurrent_requests_each_get_their_own_figures() {
     let mut tasks = Vec::new();
     // Several on one connection, several on their own connections, all different lengths.
     for (i, n) in [3u32, 25, 9, 40, 1, 17].into_iter().enumerate() {
-        let c = if i % 2 == 0 { shared.clone() } else { d.client().await };
+        let c = if i % 2 == 0 {
+            shared.clone()
+        } else {
+            d.client().await
+        };
         tasks.push(tokio::spawn(async move {
             let id = 100 + i as u64;
-            (n, run_one(&c, raw_request(id, &format!("prompt number {i}"), n)).await)
+            (
+                n,
+                run_one(&c, raw_request(id, &format!("prompt number {i}"), n)).await,
+            )
         }));
     }
     for t in tasks {
         let (n, o) = t.await.unwrap();
         assert_eq!(o.tokens, n as usize, "client saw all its tokens");
-        assert_eq!(o.done.usage.completion_tokens, n, "Done counts this request's tokens");
+        assert_eq!(
+            o.done.usage.completion_tokens, n,
+            "Done counts this request's tokens"
+        );
         let t = o.done.timings;
         // Every engine interval of this request lies inside what this client itself
         // waited: figures borrowed from a longer neighbour would not fit.
         let client_ms = o.elapsed.as_secs_f64() * 1e3;
-        assert!(t.ttft_ms.unwrap() + t.generation_ms <= client_ms + 1.0, "{t:?} vs client {client_ms} ms");
-        assert!(t.queue_ms + t.prefill_ms + t.decode_ms <= client_ms + 1.0, "{t:?} vs client {client_ms} ms");
+        assert!(
+            t.ttft_ms.unwrap() + t.generation_ms <= client_ms + 1.0,
+            "{t:?} vs client {client_ms} ms"
+        );
+        assert!(
+            t.queue_ms + t.prefill_ms + t.decode_ms <= client_ms + 1.0,
+            "{t:?} vs client {client_ms} ms"
+        );
         assert!(t.decode_ms <= t.generation_ms + 0.5, "{t:?}");
         match t.decode_tps {
             None => assert_eq!(n, 1, "only a single-token answer has no decode rate"),
-            Some(tps) => assert!((tps - (n - 1) as f64 / t.decode_ms * 1e3).abs() < 1e-6, "{t:?}"),
+            Some(tps) => assert!(
+                (tps - (n - 1) as f64 / t.decode_ms * 1e3).abs() < 1e-6,
+                "{t:?}"
+            ),
         }
     }
     let s = wait_idle(&shared).await;
@@ -109,7 +142,10 @@ async fn concurrent_requests_each_get_their_own_figures() {
 async fn cancel_ends_with_done_and_frees_kv() {
     let d = Daemon::start(&tiny_model(), &[]);
     let c = d.client().await;
-    let mut gen = c.generate(raw_request(7, "a long answer please", 400)).await.unwrap();
+    let mut gen = c
+        .generate(raw_request(7, "a long answer please", 400))
+        .await
+        .unwrap();
     let mut seen = 0;
     let done = loop {
         match gen.next().await.expect("event").expect("ok") {
@@ -132,7 +168,10 @@ async fn disconnect_mid_stream_cancels_and_frees_kv() {
     let d = Daemon::start(&tiny_model(), &[]);
     {
         let c = d.client().await;
-        let mut gen = c.generate(raw_request(9, "going away soon", 400)).await.unwrap();
+        let mut gen = c
+            .generate(raw_request(9, "going away soon", 400))
+            .await
+            .unwrap();
         gen.next().await.unwrap().unwrap();
         // Both the stream and the connection go away here.
     }
@@ -141,7 +180,10 @@ async fn disconnect_mid_stream_cancels_and_frees_kv() {
     assert_eq!((s.running, s.kv_blocks_used), (0, 0));
     let jobs = observer.jobs(10).await.unwrap();
     assert_eq!(jobs.len(), 1, "status {s:?}; daemon log:\n{}", d.log_text());
-    assert!(matches!(jobs[0].finish_reason, FinishReason::Disconnected | FinishReason::Cancelled));
+    assert!(matches!(
+        jobs[0].finish_reason,
+        FinishReason::Disconnected | FinishReason::Cancelled
+    ));
     assert!(jobs[0].usage.completion_tokens < 400);
 }
 
@@ -154,10 +196,17 @@ async fn queue_full_is_busy_at_once() {
     let started = Instant::now();
     let third = match c.generate(raw_request(3, "third", 5)).await {
         Err(e) => e,
-        Ok(mut g) => g.next().await.expect("event").expect_err("third must be refused"),
+        Ok(mut g) => g
+            .next()
+            .await
+            .expect("event")
+            .expect_err("third must be refused"),
     };
     assert!(matches!(third, ClientError::Busy(_)), "{third:?}");
-    assert!(started.elapsed() < Duration::from_secs(2), "busy must not wait");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "busy must not wait"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +244,11 @@ fn read_frame(s: &mut std::os::unix::net::UnixStream) -> ServerMessage {
 }
 
 fn hello(major: u16) -> Vec<u8> {
-    let msg = ClientMessage::Hello(Hello { major, minor: 0, client: "raw-test".into() });
+    let msg = ClientMessage::Hello(Hello {
+        major,
+        minor: 0,
+        client: "raw-test".into(),
+    });
     frame(&postcard::to_allocvec(&msg).unwrap())
 }
 
@@ -213,7 +266,11 @@ fn raw_bytes_bad_frames_get_error_frames_and_the_daemon_survives() {
     match read_frame(&mut s) {
         ServerMessage::Error(e) => {
             assert_eq!(e.kind, ErrorKind::VersionMismatch);
-            assert!(e.message.contains(&(PROTOCOL_MAJOR + 1).to_string()), "{}", e.message);
+            assert!(
+                e.message.contains(&(PROTOCOL_MAJOR + 1).to_string()),
+                "{}",
+                e.message
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -221,20 +278,34 @@ fn raw_bytes_bad_frames_get_error_frames_and_the_daemon_survives() {
     let mut s = connect();
     s.write_all(&hello(PROTOCOL_MAJOR)).unwrap();
     assert!(matches!(read_frame(&mut s), ServerMessage::Welcome(_)));
-    s.write_all(&frame(&[0xff, 0xff, 0xff, 0xff, 0x0f, 1, 2, 3])).unwrap();
-    assert!(matches!(read_frame(&mut s), ServerMessage::Error(ErrorEvent { kind: ErrorKind::BadFrame, .. })));
+    s.write_all(&frame(&[0xff, 0xff, 0xff, 0xff, 0x0f, 1, 2, 3]))
+        .unwrap();
+    assert!(matches!(
+        read_frame(&mut s),
+        ServerMessage::Error(ErrorEvent {
+            kind: ErrorKind::BadFrame,
+            ..
+        })
+    ));
     // An oversized frame is refused from its header alone.
     let mut s = connect();
     s.write_all(&hello(PROTOCOL_MAJOR)).unwrap();
     assert!(matches!(read_frame(&mut s), ServerMessage::Welcome(_)));
     s.write_all(&(64u32 << 20).to_be_bytes()).unwrap();
-    assert!(matches!(read_frame(&mut s), ServerMessage::Error(ErrorEvent { kind: ErrorKind::FrameTooLarge, .. })));
+    assert!(matches!(
+        read_frame(&mut s),
+        ServerMessage::Error(ErrorEvent {
+            kind: ErrorKind::FrameTooLarge,
+            ..
+        })
+    ));
     // And everyone else is still served.
     let mut s = connect();
     s.write_all(&hello(PROTOCOL_MAJOR)).unwrap();
     assert!(matches!(read_frame(&mut s), ServerMessage::Welcome(_)));
     let req = ClientMessage::Generate(raw_request(5, "still alive?", 4));
-    s.write_all(&frame(&postcard::to_allocvec(&req).unwrap())).unwrap();
+    s.write_all(&frame(&postcard::to_allocvec(&req).unwrap()))
+        .unwrap();
     let mut tokens = 0;
     loop {
         match read_frame(&mut s) {
@@ -257,7 +328,8 @@ fn sigterm_ends_open_streams_with_done_and_exits_zero() {
     s.write_all(&hello(PROTOCOL_MAJOR)).unwrap();
     assert!(matches!(read_frame(&mut s), ServerMessage::Welcome(_)));
     let req = ClientMessage::Generate(raw_request(1, "endless", 400));
-    s.write_all(&frame(&postcard::to_allocvec(&req).unwrap())).unwrap();
+    s.write_all(&frame(&postcard::to_allocvec(&req).unwrap()))
+        .unwrap();
     assert!(matches!(read_frame(&mut s), ServerMessage::Token(_)));
     // Keep reading while the daemon shuts down, as a real client does.
     let reader = std::thread::spawn(move || loop {
@@ -269,8 +341,14 @@ fn sigterm_ends_open_streams_with_done_and_exits_zero() {
         }
     });
     d.signal(libc::SIGTERM);
-    let reason = reader.join().unwrap().unwrap_or_else(|e| panic!("{e}; daemon log:\n{}", d.log_text()));
-    assert!(matches!(reason, FinishReason::Shutdown | FinishReason::Length), "{reason:?}");
+    let reason = reader
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}; daemon log:\n{}", d.log_text()));
+    assert!(
+        matches!(reason, FinishReason::Shutdown | FinishReason::Length),
+        "{reason:?}"
+    );
     let status = d.child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
 }

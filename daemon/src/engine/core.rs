@@ -2,8 +2,8 @@
 //! workspace) and every sequence, and turns commands into batched forward steps.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +19,16 @@ use super::ConnId;
 
 pub enum Command {
     Submit(Box<Sequence>),
-    Cancel { conn: ConnId, request_id: u64, reason: FinishReason },
+    Cancel {
+        conn: ConnId,
+        request_id: u64,
+        reason: FinishReason,
+    },
     CancelConnection(ConnId),
     /// Stop admitting; running sequences may finish until `deadline`, then all end.
-    Shutdown { deadline: Instant },
+    Shutdown {
+        deadline: Instant,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -38,8 +44,8 @@ pub struct EngineCore {
     kv: KvCache,
     ws: Workspace,
     limits: EngineLimits,
-    waiting: VecDeque<Box<Sequence>>,
-    running: Vec<Box<Sequence>>,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
     commands: Receiver<Command>,
     shared: Arc<Shared>,
     shutdown: Option<Instant>,
@@ -47,17 +53,29 @@ pub struct EngineCore {
     in_flight: Arc<AtomicUsize>,
 }
 
+/// Everything the engine thread owns besides its queues.
+pub struct EngineParts {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub kv: KvCache,
+    pub ws: Workspace,
+    pub limits: EngineLimits,
+}
+
 impl EngineCore {
     pub fn new(
-        model: Arc<Model>,
-        tokenizer: Arc<Tokenizer>,
-        kv: KvCache,
-        ws: Workspace,
-        limits: EngineLimits,
+        parts: EngineParts,
         commands: Receiver<Command>,
         shared: Arc<Shared>,
         in_flight: Arc<AtomicUsize>,
     ) -> Self {
+        let EngineParts {
+            model,
+            tokenizer,
+            kv,
+            ws,
+            limits,
+        } = parts;
         EngineCore {
             model,
             tokenizer,
@@ -130,9 +148,13 @@ impl EngineCore {
                 if self.shutdown.is_some() {
                     seq.finish = Some(FinishReason::Shutdown);
                 }
-                self.waiting.push_back(seq);
+                self.waiting.push_back(*seq);
             }
-            Command::Cancel { conn, request_id, reason } => {
+            Command::Cancel {
+                conn,
+                request_id,
+                reason,
+            } => {
                 for s in self.running.iter_mut().chain(self.waiting.iter_mut()) {
                     if s.conn == conn && s.request_id == request_id {
                         s.finish.get_or_insert(reason);
@@ -147,7 +169,11 @@ impl EngineCore {
                 }
             }
             Command::Shutdown { deadline } => {
-                tracing::debug!(running = self.running.len(), queued = self.waiting.len(), "engine shutting down");
+                tracing::debug!(
+                    running = self.running.len(),
+                    queued = self.waiting.len(),
+                    "engine shutting down"
+                );
                 self.shutdown = Some(deadline);
             }
         }
@@ -156,21 +182,30 @@ impl EngineCore {
     /// Moves waiting sequences into the batch while there is room for their prompts.
     fn admit(&mut self) {
         while self.running.len() < self.limits.max_running {
-            let Some(seq) = self.waiting.front_mut() else { break };
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
             // The whole prompt's blocks up front, so an admitted prompt never stalls
             // half-way for lack of memory.
             if self.kv.reserve(&mut seq.table, seq.tokens.len()).is_err() {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
             seq.timings.admitted.get_or_insert_with(Instant::now);
             self.running.push(seq);
         }
     }
 
     fn step(&mut self) {
-        let pending: Vec<Pending> =
-            self.running.iter().map(|s| Pending { tokens: s.tokens.len() - s.n_cached }).collect();
+        let pending: Vec<Pending> = self
+            .running
+            .iter()
+            .map(|s| Pending {
+                tokens: s.tokens.len() - s.n_cached,
+            })
+            .collect();
         let mut take = plan_step(&pending, self.limits.step_tokens);
         self.reserve_or_preempt(&mut take);
         if take.iter().all(|&t| t == 0) {
@@ -247,13 +282,18 @@ impl EngineCore {
                 continue;
             }
             // Preempt the newest sequence that is not `i` itself.
-            let victim = (0..self.running.len()).rev().find(|&j| j != i && self.running[j].table.capacity() > 0);
+            let victim = (0..self.running.len())
+                .rev()
+                .find(|&j| j != i && self.running[j].table.capacity() > 0);
             match victim {
                 Some(j) => {
                     let mut v = self.running.remove(j);
                     self.kv.release(&mut v.table);
                     v.n_cached = 0;
-                    tracing::debug!(job = v.job, "KV cache full: sequence preempted for recompute");
+                    tracing::debug!(
+                        job = v.job,
+                        "KV cache full: sequence preempted for recompute"
+                    );
                     self.waiting.push_front(v);
                     // `take` follows `running`; drop the victim's entry too.
                     for k in j..take.len() - 1 {
@@ -300,7 +340,7 @@ impl EngineCore {
         }
     }
 
-    fn retire(&mut self, mut s: Box<Sequence>) {
+    fn retire(&mut self, mut s: Sequence) {
         self.kv.release(&mut s.table);
         let reason = s.finish.unwrap_or(FinishReason::Error);
         let done = s.done_event(reason);
@@ -336,7 +376,9 @@ fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: u
     // Logprobs describe the model's own distribution, before penalties and temperature.
     let (token, lp) = match s.logprobs {
         Some(n) => {
-            let (token, lp) = s.sampler.sample_with_logprobs(logits, &s.tokens, n as usize, tok);
+            let (token, lp) = s
+                .sampler
+                .sample_with_logprobs(logits, &s.tokens, n as usize, tok);
             (token, Some(lp))
         }
         None => (s.sampler.sample(logits, &s.tokens), None),
@@ -368,6 +410,11 @@ fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: u
         text.push_str(&s.stop.push(&tail).text);
         text.push_str(&s.stop.finish());
     }
-    let event = TokenEvent { id: s.request_id, token, text, logprobs: lp };
+    let event = TokenEvent {
+        id: s.request_id,
+        token,
+        text,
+        logprobs: lp,
+    };
     s.send_token(event);
 }

@@ -16,10 +16,12 @@ use spark_client::protocol::{
 };
 
 use crate::model::{Model, Workspace, BLOCK_TOKENS};
-use crate::text::{sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec};
+use crate::text::{
+    sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
+};
 
 use super::api::{ConnId, Engine, Submission};
-use super::core::{Command, EngineCore, EngineLimits};
+use super::core::{Command, EngineCore, EngineLimits, EngineParts};
 use super::jobs::{unix_ms, Shared};
 use super::sequence::{SeqTimings, Sequence};
 
@@ -85,18 +87,29 @@ pub struct EngineHandle {
 }
 
 fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
-    ErrorEvent { id: Some(id), kind, message: message.into() }
+    ErrorEvent {
+        id: Some(id),
+        kind,
+        message: message.into(),
+    }
 }
 
 impl EngineHandle {
     pub fn start(model: Model, config: EngineConfig) -> Result<Arc<Self>, EngineError> {
-        let spec = TokenizerSpec::from_gguf(model.file.metadata()).map_err(EngineError::Tokenizer)?;
+        let spec =
+            TokenizerSpec::from_gguf(model.file.metadata()).map_err(EngineError::Tokenizer)?;
         let tokenizer = Arc::new(Tokenizer::new(spec).map_err(EngineError::Tokenizer)?);
         let template = match &config.chat_template {
             Some(src) => Some(ChatTemplate::new(src).map_err(EngineError::Template)?),
-            None => ChatTemplate::from_gguf(model.file.metadata()).map_err(EngineError::Template)?,
+            None => {
+                ChatTemplate::from_gguf(model.file.metadata()).map_err(EngineError::Template)?
+            }
         };
-        let context = config.context_limit.map_or(model.config.context_length, |c| c.min(model.config.context_length));
+        let context = config
+            .context_limit
+            .map_or(model.config.context_length, |c| {
+                c.min(model.config.context_length)
+            });
         let model = Arc::new(model);
         let shared = Arc::new(Shared::new(config.model_name.clone(), config.keep_jobs));
         let kv = model.new_kv_cache(config.kv_tokens.max(BLOCK_TOKENS));
@@ -105,16 +118,17 @@ impl EngineHandle {
         let threads = ws.threads();
         let (tx, rx) = channel();
         let in_flight = Arc::new(AtomicUsize::new(0));
-        let core = EngineCore::new(
-            model.clone(),
-            tokenizer.clone(),
+        let parts = EngineParts {
+            model: model.clone(),
+            tokenizer: tokenizer.clone(),
             kv,
             ws,
-            EngineLimits { max_running: config.max_running.max(1), step_tokens: config.step_tokens.max(1) },
-            rx,
-            shared.clone(),
-            in_flight.clone(),
-        );
+            limits: EngineLimits {
+                max_running: config.max_running.max(1),
+                step_tokens: config.step_tokens.max(1),
+            },
+        };
+        let core = EngineCore::new(parts, rx, shared.clone(), in_flight.clone());
         let thread = std::thread::Builder::new()
             .name("sparkd-engine".into())
             .spawn(move || core.run())
@@ -156,13 +170,19 @@ impl EngineHandle {
     }
 
     fn send(&self, cmd: Command) -> bool {
-        self.commands.lock().unwrap_or_else(|e| e.into_inner()).send(cmd).is_ok()
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(cmd)
+            .is_ok()
     }
 
     /// Stops admitting work; running generations may finish until `grace` has passed,
     /// then every open stream gets `Done` with `FinishReason::Shutdown`.
     pub fn shutdown(&self, grace: Duration) {
-        self.send(Command::Shutdown { deadline: Instant::now() + grace });
+        self.send(Command::Shutdown {
+            deadline: Instant::now() + grace,
+        });
     }
 
     /// Waits for the engine thread to end (after `shutdown`).
@@ -179,7 +199,11 @@ impl EngineHandle {
         match &req.input {
             PromptInput::Chat { messages } => {
                 if messages.is_empty() {
-                    return Err(invalid(id, ErrorKind::InvalidRequest, "messages: at least one message is required"));
+                    return Err(invalid(
+                        id,
+                        ErrorKind::InvalidRequest,
+                        "messages: at least one message is required",
+                    ));
                 }
                 let template = self.template.as_ref().ok_or_else(|| {
                     invalid(
@@ -190,7 +214,9 @@ impl EngineHandle {
                 })?;
                 let text = template
                     .render_prompt(messages, &self.tokenizer)
-                    .map_err(|e| invalid(id, ErrorKind::InvalidRequest, format!("chat template: {e}")))?;
+                    .map_err(|e| {
+                        invalid(id, ErrorKind::InvalidRequest, format!("chat template: {e}"))
+                    })?;
                 Ok(self.tokenizer.encode(&text, true, true))
             }
             PromptInput::Raw { text, special } => Ok(self.tokenizer.encode(text, true, *special)),
@@ -205,26 +231,45 @@ impl EngineHandle {
                 return Err(invalid(
                     id,
                     ErrorKind::UnknownModel,
-                    format!("model `{name}` is not loaded (this daemon serves `{}`)", self.config.model_name),
+                    format!(
+                        "model `{name}` is not loaded (this daemon serves `{}`)",
+                        self.config.model_name
+                    ),
                 ));
             }
         }
         if req.max_tokens == Some(0) {
-            return Err(invalid(id, ErrorKind::InvalidRequest, "max_tokens must be at least 1"));
+            return Err(invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "max_tokens must be at least 1",
+            ));
         }
         if let Some(n) = req.logprobs {
             if n > 20 {
-                return Err(invalid(id, ErrorKind::InvalidRequest, format!("logprobs: {n} alternatives asked, at most 20")));
+                return Err(invalid(
+                    id,
+                    ErrorKind::InvalidRequest,
+                    format!("logprobs: {n} alternatives asked, at most 20"),
+                ));
             }
         }
         if req.stop.iter().any(|s| s.is_empty()) {
-            return Err(invalid(id, ErrorKind::InvalidRequest, "stop: stop strings must not be empty"));
+            return Err(invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "stop: stop strings must not be empty",
+            ));
         }
         sampler::validate(&req.sampling, self.tokenizer.vocab_size())
             .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
         let tokens = self.prompt_tokens(req)?;
         if tokens.is_empty() {
-            return Err(invalid(id, ErrorKind::InvalidRequest, "the prompt is empty"));
+            return Err(invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "the prompt is empty",
+            ));
         }
         let n_prompt = tokens.len();
         let room = self.context.saturating_sub(n_prompt);
@@ -254,7 +299,9 @@ impl EngineHandle {
             return Err(invalid(
                 id,
                 ErrorKind::ContextOverflow,
-                format!("prompt of {n_prompt} tokens does not fit the KV cache of {kv_capacity} tokens"),
+                format!(
+                    "prompt of {n_prompt} tokens does not fit the KV cache of {kv_capacity} tokens"
+                ),
             ));
         }
         let mut sampling = req.sampling.clone();
@@ -278,7 +325,10 @@ impl EngineHandle {
             stop: StopMatcher::new(&req.stop),
             logprobs: req.logprobs,
             events: sub.events,
-            timings: SeqTimings { arrived: Some(sub.arrived), ..Default::default() },
+            timings: SeqTimings {
+                arrived: Some(sub.arrived),
+                ..Default::default()
+            },
             started_unix_ms: unix_ms(SystemTime::now()),
             finish: None,
         }))
@@ -311,7 +361,11 @@ impl Engine for EngineHandle {
         // Count first so that concurrent submissions cannot all slip under the limit.
         if self.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(invalid(id, ErrorKind::Busy, format!("sparkd is busy: {limit} requests running or queued")));
+            return Err(invalid(
+                id,
+                ErrorKind::Busy,
+                format!("sparkd is busy: {limit} requests running or queued"),
+            ));
         }
         let seq = match self.build_sequence(sub) {
             Ok(s) => s,
@@ -322,13 +376,21 @@ impl Engine for EngineHandle {
         };
         if !self.send(Command::Submit(seq)) {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(invalid(id, ErrorKind::ShuttingDown, "the engine has stopped"));
+            return Err(invalid(
+                id,
+                ErrorKind::ShuttingDown,
+                "the engine has stopped",
+            ));
         }
         Ok(())
     }
 
     fn cancel(&self, conn: ConnId, request_id: u64, reason: FinishReason) {
-        self.send(Command::Cancel { conn, request_id, reason });
+        self.send(Command::Cancel {
+            conn,
+            request_id,
+            reason,
+        });
     }
 
     fn cancel_connection(&self, conn: ConnId) {
@@ -340,7 +402,10 @@ impl Engine for EngineHandle {
             .tokenizer
             .encode(text, false, special)
             .into_iter()
-            .map(|id| TokenPiece { id, piece: self.tokenizer.piece(id) })
+            .map(|id| TokenPiece {
+                id,
+                piece: self.tokenizer.piece(id),
+            })
             .collect())
     }
 
@@ -377,7 +442,11 @@ impl Engine for EngineHandle {
 fn describe_cpu(threads: usize) -> String {
     let mut sys = sysinfo::System::new();
     sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
-    let brand = sys.cpus().first().map(|c| c.brand().trim().to_string()).filter(|b| !b.is_empty());
+    let brand = sys
+        .cpus()
+        .first()
+        .map(|c| c.brand().trim().to_string())
+        .filter(|b| !b.is_empty());
     format!(
         "{} · {threads} threads · {} kernels",
         brand.unwrap_or_else(|| std::env::consts::ARCH.to_string()),
@@ -390,6 +459,10 @@ pub fn resident_bytes() -> u64 {
     use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
     let pid = Pid::from_u32(std::process::id());
     let mut sys = System::new();
-    sys.refresh_processes_specifics(ProcessesToUpdate::Some(&[pid]), true, ProcessRefreshKind::nothing().with_memory());
+    sys.refresh_processes_specifics(
+        ProcessesToUpdate::Some(&[pid]),
+        true,
+        ProcessRefreshKind::nothing().with_memory(),
+    );
     sys.process(pid).map_or(0, |p| p.memory())
 }

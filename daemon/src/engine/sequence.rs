@@ -52,7 +52,8 @@ impl SeqTimings {
             decode_ms,
             decode_tps: (completion_tokens >= 2 && decode_ms > 0.0)
                 .then(|| (completion_tokens - 1) as f64 / decode_ms * 1e3),
-            prefill_tps: (prompt_tokens > 0 && prefill_ms > 0.0).then(|| prompt_tokens as f64 / prefill_ms * 1e3),
+            prefill_tps: (prompt_tokens > 0 && prefill_ms > 0.0)
+                .then(|| prompt_tokens as f64 / prefill_ms * 1e3),
         }
     }
 }
@@ -86,7 +87,10 @@ impl Sequence {
     }
 
     pub fn usage(&self) -> Usage {
-        Usage { prompt_tokens: self.n_prompt as u32, completion_tokens: self.completion_tokens() as u32 }
+        Usage {
+            prompt_tokens: self.n_prompt as u32,
+            completion_tokens: self.completion_tokens() as u32,
+        }
     }
 
     pub fn in_prefill(&self) -> bool {
@@ -101,7 +105,11 @@ impl Sequence {
     }
 
     pub fn send_error(&self, kind: ErrorKind, message: String) {
-        let _ = self.events.send(ServerMessage::Error(ErrorEvent { id: Some(self.request_id), kind, message }));
+        let _ = self.events.send(ServerMessage::Error(ErrorEvent {
+            id: Some(self.request_id),
+            kind,
+            message,
+        }));
     }
 
     pub fn done_event(&self, reason: FinishReason) -> DoneEvent {
@@ -110,7 +118,9 @@ impl Sequence {
             id: self.request_id,
             finish_reason: reason,
             usage,
-            timings: self.timings.report(usage.prompt_tokens, usage.completion_tokens),
+            timings: self
+                .timings
+                .report(usage.prompt_tokens, usage.completion_tokens),
         }
     }
 }
@@ -134,7 +144,10 @@ mod tests {
         assert!((r.queue_ms - 5.0).abs() < 1e-9);
         assert!((r.ttft_ms.unwrap() - 50.0).abs() < 1e-9);
         assert!((r.generation_ms - 100.0).abs() < 1e-9);
-        assert!((r.decode_tps.unwrap() - 100.0).abs() < 1e-9, "9 tokens in 90 ms");
+        assert!(
+            (r.decode_tps.unwrap() - 100.0).abs() < 1e-9,
+            "9 tokens in 90 ms"
+        );
         assert!((r.prefill_tps.unwrap() - 500.0).abs() < 1e-9);
         assert_eq!(t.report(20, 1).decode_tps, None);
         assert_eq!(t.report(20, 0).decode_tps, None);
@@ -142,7 +155,10 @@ mod tests {
 
     #[test]
     fn a_request_that_never_ran_reports_no_rates() {
-        let t = SeqTimings { arrived: Some(Instant::now()), ..Default::default() };
+        let t = SeqTimings {
+            arrived: Some(Instant::now()),
+            ..Default::default()
+        };
         let r = t.report(0, 0);
         assert_eq!(r.ttft_ms, None);
         assert_eq!(r.decode_tps, None);

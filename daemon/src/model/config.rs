@@ -86,13 +86,15 @@ pub enum ConfigError {
 impl ModelConfig {
     pub fn from_metadata(meta: &Metadata) -> Result<Self, ConfigError> {
         let arch_name = meta.get_str("general.architecture")?;
-        let arch =
-            Arch::from_name(arch_name).ok_or_else(|| ConfigError::UnsupportedArch(arch_name.into()))?;
+        let arch = Arch::from_name(arch_name)
+            .ok_or_else(|| ConfigError::UnsupportedArch(arch_name.into()))?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let n_layers = meta.get_u32(&key("block_count"))? as usize;
         let d_model = meta.get_u32(&key("embedding_length"))? as usize;
         let n_heads = meta.get_u32(&key("attention.head_count"))? as usize;
-        let n_kv_heads = meta.opt_u32(&key("attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
+        let n_kv_heads = meta
+            .opt_u32(&key("attention.head_count_kv"))?
+            .map_or(n_heads, |v| v as usize);
         let ffn_dim = meta.get_u32(&key("feed_forward_length"))? as usize;
         let context_length = meta.get_u32(&key("context_length"))? as usize;
         let rms_eps = meta.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
@@ -124,7 +126,9 @@ impl ModelConfig {
                 )));
             }
         }
-        let rope_dim = meta.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
+        let rope_dim = meta
+            .opt_u32(&key("rope.dimension_count"))?
+            .map_or(head_dim, |v| v as usize);
         if rope_dim > head_dim || rope_dim % 2 != 0 {
             return Err(ConfigError::Invalid(format!(
                 "rope.dimension_count {rope_dim} must be even and at most the head size {head_dim}"
@@ -137,7 +141,9 @@ impl ModelConfig {
             Some("none") | None => 1.0,
             Some("llama3") => 1.0,
             Some(other) => {
-                return Err(ConfigError::Invalid(format!("unsupported rope.scaling.type `{other}`")))
+                return Err(ConfigError::Invalid(format!(
+                    "unsupported rope.scaling.type `{other}`"
+                )))
             }
         };
         if !(rope_linear_scale.is_finite() && rope_linear_scale > 0.0) {
@@ -181,14 +187,22 @@ impl ModelConfig {
             // Generous caps: they only exist so a crafted file cannot make us allocate
             // absurd buffers before tensor shapes are cross-checked.
             if v == 0 || v > (1 << 24) {
-                return Err(ConfigError::Invalid(format!("{name} = {v} is out of range")));
+                return Err(ConfigError::Invalid(format!(
+                    "{name} = {v} is out of range"
+                )));
             }
         }
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
-            return Err(ConfigError::Invalid(format!("rms epsilon {} must be positive", self.rms_eps)));
+            return Err(ConfigError::Invalid(format!(
+                "rms epsilon {} must be positive",
+                self.rms_eps
+            )));
         }
         if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
-            return Err(ConfigError::Invalid(format!("rope.freq_base {} must be positive", self.rope_base)));
+            return Err(ConfigError::Invalid(format!(
+                "rope.freq_base {} must be positive",
+                self.rope_base
+            )));
         }
         Ok(())
     }

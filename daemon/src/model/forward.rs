@@ -154,7 +154,8 @@ impl Model {
         ws.logit_rows = n_logits;
         ws.token_pos.clear();
         for (i, s) in batch.iter().enumerate() {
-            ws.token_pos.extend((0..s.tokens.len()).map(|j| (i, s.start_pos + j)));
+            ws.token_pos
+                .extend((0..s.tokens.len()).map(|j| (i, s.start_pos + j)));
         }
 
         let file = &self.file;
@@ -170,11 +171,37 @@ impl Model {
         for (li, layer) in w.layers.iter().enumerate() {
             for t in 0..n {
                 let r = t * d..(t + 1) * d;
-                ops::rms_norm(&ws.x[r.clone()], &layer.attn_norm, cfg.rms_eps, &mut ws.xn[r]);
+                ops::rms_norm(
+                    &ws.x[r.clone()],
+                    &layer.attn_norm,
+                    cfg.rms_eps,
+                    &mut ws.xn[r],
+                );
             }
-            matmul(&ws.pool, &layer.wq.view(file), &ws.xn, n, &mut ws.q, &mut ws.scratch);
-            matmul(&ws.pool, &layer.wk.view(file), &ws.xn, n, &mut ws.k, &mut ws.scratch);
-            matmul(&ws.pool, &layer.wv.view(file), &ws.xn, n, &mut ws.v, &mut ws.scratch);
+            matmul(
+                &ws.pool,
+                &layer.wq.view(file),
+                &ws.xn,
+                n,
+                &mut ws.q,
+                &mut ws.scratch,
+            );
+            matmul(
+                &ws.pool,
+                &layer.wk.view(file),
+                &ws.xn,
+                n,
+                &mut ws.k,
+                &mut ws.scratch,
+            );
+            matmul(
+                &ws.pool,
+                &layer.wv.view(file),
+                &ws.xn,
+                n,
+                &mut ws.v,
+                &mut ws.scratch,
+            );
             for t in 0..n {
                 if let Some(b) = &layer.bq {
                     ops::add_assign(&mut ws.q[t * q_dim..(t + 1) * q_dim], b);
@@ -200,20 +227,59 @@ impl Model {
                 }
                 let (item, p) = ws.token_pos[t];
                 let kv_range = t * kv_dim..(t + 1) * kv_dim;
-                kv.write(li, batch[item].table, p, &ws.k[kv_range.clone()], &ws.v[kv_range]);
+                kv.write(
+                    li,
+                    batch[item].table,
+                    p,
+                    &ws.k[kv_range.clone()],
+                    &ws.v[kv_range],
+                );
             }
             self.attention(li, batch, kv, ws);
-            matmul(&ws.pool, &layer.wo.view(file), &ws.attn, n, &mut ws.proj, &mut ws.scratch);
+            matmul(
+                &ws.pool,
+                &layer.wo.view(file),
+                &ws.attn,
+                n,
+                &mut ws.proj,
+                &mut ws.scratch,
+            );
             ops::add_assign(&mut ws.x, &ws.proj);
 
             for t in 0..n {
                 let r = t * d..(t + 1) * d;
-                ops::rms_norm(&ws.x[r.clone()], &layer.ffn_norm, cfg.rms_eps, &mut ws.xn[r]);
+                ops::rms_norm(
+                    &ws.x[r.clone()],
+                    &layer.ffn_norm,
+                    cfg.rms_eps,
+                    &mut ws.xn[r],
+                );
             }
-            matmul(&ws.pool, &layer.w_gate.view(file), &ws.xn, n, &mut ws.gate, &mut ws.scratch);
-            matmul(&ws.pool, &layer.w_up.view(file), &ws.xn, n, &mut ws.up, &mut ws.scratch);
+            matmul(
+                &ws.pool,
+                &layer.w_gate.view(file),
+                &ws.xn,
+                n,
+                &mut ws.gate,
+                &mut ws.scratch,
+            );
+            matmul(
+                &ws.pool,
+                &layer.w_up.view(file),
+                &ws.xn,
+                n,
+                &mut ws.up,
+                &mut ws.scratch,
+            );
             ops::silu_mul(&mut ws.gate, &ws.up);
-            matmul(&ws.pool, &layer.w_down.view(file), &ws.gate, n, &mut ws.proj, &mut ws.scratch);
+            matmul(
+                &ws.pool,
+                &layer.w_down.view(file),
+                &ws.gate,
+                n,
+                &mut ws.proj,
+                &mut ws.scratch,
+            );
             ops::add_assign(&mut ws.x, &ws.proj);
         }
 
@@ -225,12 +291,24 @@ impl Model {
             t_end += s.tokens.len();
             if s.want_logits {
                 let r = (t_end - 1) * d..t_end * d;
-                ops::rms_norm(&ws.x[r], &w.output_norm, cfg.rms_eps, &mut ws.last[row * d..(row + 1) * d]);
+                ops::rms_norm(
+                    &ws.x[r],
+                    &w.output_norm,
+                    cfg.rms_eps,
+                    &mut ws.last[row * d..(row + 1) * d],
+                );
                 row += 1;
             }
         }
         if n_logits > 0 {
-            matmul(&ws.pool, &w.output.view(file), &ws.last, n_logits, &mut ws.logits, &mut ws.scratch);
+            matmul(
+                &ws.pool,
+                &w.output.view(file),
+                &ws.last,
+                n_logits,
+                &mut ws.logits,
+                &mut ws.scratch,
+            );
         }
         Ok(started.elapsed())
     }
@@ -242,14 +320,23 @@ impl Model {
                 return Err(ForwardError::EmptySequence);
             }
             if let Some(&token) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-                return Err(ForwardError::TokenOutOfRange { token, vocab: cfg.vocab_size });
+                return Err(ForwardError::TokenOutOfRange {
+                    token,
+                    vocab: cfg.vocab_size,
+                });
             }
             let end = s.start_pos + s.tokens.len();
             if end > cfg.context_length {
-                return Err(ForwardError::PastContext { pos: end - 1, ctx: cfg.context_length });
+                return Err(ForwardError::PastContext {
+                    pos: end - 1,
+                    ctx: cfg.context_length,
+                });
             }
             if end > s.table.capacity() {
-                return Err(ForwardError::NoKvBlock { pos: end - 1, capacity: s.table.capacity() });
+                return Err(ForwardError::NoKvBlock {
+                    pos: end - 1,
+                    capacity: s.table.capacity(),
+                });
             }
         }
         Ok(())

@@ -61,7 +61,14 @@ impl KvCache {
         // Reverse so that blocks are first handed out in ascending order; tests shuffle
         // the free list to check that nothing depends on that.
         let free = (0..n_blocks as u32).rev().collect();
-        KvCache { n_layers, kv_dim, n_blocks, keys: vec![0.0; len], values: vec![0.0; len], free }
+        KvCache {
+            n_layers,
+            kv_dim,
+            n_blocks,
+            keys: vec![0.0; len],
+            values: vec![0.0; len],
+            free,
+        }
     }
 
     pub fn total_blocks(&self) -> usize {
@@ -82,14 +89,19 @@ impl KvCache {
 
     /// Blocks a table must gain to hold `positions` positions.
     pub fn blocks_needed(table: &BlockTable, positions: usize) -> usize {
-        positions.div_ceil(BLOCK_TOKENS).saturating_sub(table.blocks.len())
+        positions
+            .div_ceil(BLOCK_TOKENS)
+            .saturating_sub(table.blocks.len())
     }
 
     /// Grows `table` to hold `positions` positions; all or nothing.
     pub fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
         let needed = Self::blocks_needed(table, positions);
         if needed > self.free.len() {
-            return Err(KvFull { needed, free: self.free.len() });
+            return Err(KvFull {
+                needed,
+                free: self.free.len(),
+            });
         }
         for _ in 0..needed {
             // Checked above: the free list holds at least `needed` blocks.
@@ -108,7 +120,8 @@ impl KvCache {
     #[cfg(test)]
     pub(crate) fn shuffle_free_list(&mut self, seed: u64) {
         use rand::{seq::SliceRandom, SeedableRng};
-        self.free.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+        self.free
+            .shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
     }
 
     #[inline]
@@ -157,7 +170,10 @@ mod tests {
         kv.reserve(&mut a, 3 * BLOCK_TOKENS).unwrap();
         assert_eq!(kv.free_blocks(), 1);
         let mut b = BlockTable::default();
-        assert_eq!(kv.reserve(&mut b, 2 * BLOCK_TOKENS), Err(KvFull { needed: 2, free: 1 }));
+        assert_eq!(
+            kv.reserve(&mut b, 2 * BLOCK_TOKENS),
+            Err(KvFull { needed: 2, free: 1 })
+        );
         assert_eq!(b.capacity(), 0);
         assert_eq!(kv.free_blocks(), 1);
         kv.release(&mut a);

@@ -39,16 +39,29 @@ pub struct Model {
 
 impl Model {
     pub fn load(path: &Path) -> Result<Self, LoadError> {
-        let file = GgufFile::open(path).map_err(|source| LoadError::Gguf { path: path.into(), source })?;
+        let file = GgufFile::open(path).map_err(|source| LoadError::Gguf {
+            path: path.into(),
+            source,
+        })?;
         Self::from_file(file, path)
     }
 
     pub fn from_file(file: GgufFile, path: &Path) -> Result<Self, LoadError> {
-        let config = ModelConfig::from_metadata(file.metadata())
-            .map_err(|source| LoadError::Config { path: path.into(), source })?;
-        let weights =
-            Weights::load(&file, &config).map_err(|source| LoadError::Weights { path: path.into(), source })?;
-        Ok(Model { file, config, weights, path: path.into() })
+        let config =
+            ModelConfig::from_metadata(file.metadata()).map_err(|source| LoadError::Config {
+                path: path.into(),
+                source,
+            })?;
+        let weights = Weights::load(&file, &config).map_err(|source| LoadError::Weights {
+            path: path.into(),
+            source,
+        })?;
+        Ok(Model {
+            file,
+            config,
+            weights,
+            path: path.into(),
+        })
     }
 
     /// The most common matrix type of the file, e.g. `Q4_1` (what users call the
@@ -58,7 +71,10 @@ impl Model {
         for t in self.file.tensors().iter().filter(|t| t.dims.len() == 2) {
             *counts.entry(t.ty).or_insert(0u64) += t.n_elems();
         }
-        counts.into_iter().max_by_key(|&(_, n)| n).map_or_else(|| "unknown".into(), |(ty, _)| ty.to_string())
+        counts
+            .into_iter()
+            .max_by_key(|&(_, n)| n)
+            .map_or_else(|| "unknown".into(), |(ty, _)| ty.to_string())
     }
 
     pub fn parameter_count(&self) -> u64 {

@@ -107,7 +107,12 @@ mod tests {
         }
         // Interleaved rotates (0,1) by pos * inv[0].
         let mut h = [1.0, 0.0, 0.0, 0.0];
-        rope(&mut h, std::f32::consts::FRAC_PI_2, &inv, RopeStyle::Interleaved);
+        rope(
+            &mut h,
+            std::f32::consts::FRAC_PI_2,
+            &inv,
+            RopeStyle::Interleaved,
+        );
         assert!(h[0].abs() < 1e-6 && (h[1] - 1.0).abs() < 1e-6);
         // Neox rotates (0,2) by pos * inv[0].
         let mut h = [1.0, 0.0, 0.0, 0.0];

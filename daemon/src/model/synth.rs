@@ -114,19 +114,47 @@ fn tokenizer_metadata(w: &mut GgufWriter, spec: &SynthSpec) {
     let first_special = tokens.len();
     let n_normal = tokens.len();
     tokens.extend(SYNTH_SPECIALS.iter().map(|s| s.to_string()));
-    let types: Vec<Value> =
-        (0..tokens.len()).map(|i| Value::I32(if i >= n_normal || tokens[i].starts_with("<|reserved") { 3 } else { 1 })).collect();
+    let types: Vec<Value> = (0..tokens.len())
+        .map(|i| {
+            Value::I32(if i >= n_normal || tokens[i].starts_with("<|reserved") {
+                3
+            } else {
+                1
+            })
+        })
+        .collect();
     w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
     w.add("tokenizer.ggml.pre", Value::String("smollm".into()));
-    w.add("tokenizer.ggml.tokens", Value::Array(tokens.into_iter().map(Value::String).collect()));
+    w.add(
+        "tokenizer.ggml.tokens",
+        Value::Array(tokens.into_iter().map(Value::String).collect()),
+    );
     w.add("tokenizer.ggml.token_type", Value::Array(types));
-    w.add("tokenizer.ggml.merges", Value::Array(merges.into_iter().map(Value::String).collect()));
-    w.add("tokenizer.ggml.bos_token_id", Value::U32(first_special as u32 + 1));
-    w.add("tokenizer.ggml.eos_token_id", Value::U32(first_special as u32 + 2));
-    w.add("tokenizer.ggml.unknown_token_id", Value::U32(first_special as u32));
-    w.add("tokenizer.ggml.padding_token_id", Value::U32(first_special as u32));
+    w.add(
+        "tokenizer.ggml.merges",
+        Value::Array(merges.into_iter().map(Value::String).collect()),
+    );
+    w.add(
+        "tokenizer.ggml.bos_token_id",
+        Value::U32(first_special as u32 + 1),
+    );
+    w.add(
+        "tokenizer.ggml.eos_token_id",
+        Value::U32(first_special as u32 + 2),
+    );
+    w.add(
+        "tokenizer.ggml.unknown_token_id",
+        Value::U32(first_special as u32),
+    );
+    w.add(
+        "tokenizer.ggml.padding_token_id",
+        Value::U32(first_special as u32),
+    );
     w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
-    w.add("tokenizer.chat_template", Value::String(CHATML_TEMPLATE.into()));
+    w.add(
+        "tokenizer.chat_template",
+        Value::String(CHATML_TEMPLATE.into()),
+    );
 }
 
 struct Gen {
@@ -135,7 +163,9 @@ struct Gen {
 
 impl Gen {
     fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.rng.gen_range(-1.0f32..1.0) * scale).collect()
+        (0..n)
+            .map(|_| self.rng.gen_range(-1.0f32..1.0) * scale)
+            .collect()
     }
 
     fn tensor(
@@ -153,8 +183,10 @@ impl Gen {
             reason: format!("{n} elements are not whole {ty} blocks"),
         })? as usize;
         let mut data = vec![0u8; n_bytes];
-        quantize(ty, &vals, &mut data)
-            .map_err(|e| GgufError::BadTensor { tensor: name.into(), reason: e.to_string() })?;
+        quantize(ty, &vals, &mut data).map_err(|e| GgufError::BadTensor {
+            tensor: name.into(),
+            reason: e.to_string(),
+        })?;
         w.add_tensor(name, dims.iter().map(|&d| d as u64).collect(), ty, data)
     }
 }
@@ -166,52 +198,133 @@ pub fn synth_gguf(spec: &SynthSpec) -> Result<GgufWriter, GgufError> {
     let a = spec.arch.name();
     let head_dim = spec.d_model / spec.n_heads;
     w.add("general.architecture", Value::String(a.into()));
-    w.add("general.name", Value::String(format!("sparkd synthetic {a}")));
+    w.add(
+        "general.name",
+        Value::String(format!("sparkd synthetic {a}")),
+    );
     w.add(format!("{a}.block_count"), Value::U32(spec.n_layers as u32));
-    w.add(format!("{a}.context_length"), Value::U32(spec.context_length as u32));
-    w.add(format!("{a}.embedding_length"), Value::U32(spec.d_model as u32));
-    w.add(format!("{a}.feed_forward_length"), Value::U32(spec.ffn_dim as u32));
-    w.add(format!("{a}.attention.head_count"), Value::U32(spec.n_heads as u32));
-    w.add(format!("{a}.attention.head_count_kv"), Value::U32(spec.n_kv_heads as u32));
-    w.add(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    w.add(
+        format!("{a}.context_length"),
+        Value::U32(spec.context_length as u32),
+    );
+    w.add(
+        format!("{a}.embedding_length"),
+        Value::U32(spec.d_model as u32),
+    );
+    w.add(
+        format!("{a}.feed_forward_length"),
+        Value::U32(spec.ffn_dim as u32),
+    );
+    w.add(
+        format!("{a}.attention.head_count"),
+        Value::U32(spec.n_heads as u32),
+    );
+    w.add(
+        format!("{a}.attention.head_count_kv"),
+        Value::U32(spec.n_kv_heads as u32),
+    );
+    w.add(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
     w.add(format!("{a}.rope.freq_base"), Value::F32(10_000.0));
-    w.add(format!("{a}.rope.dimension_count"), Value::U32(head_dim as u32));
-    w.add(format!("{a}.vocab_size"), Value::U32(spec.vocab_size as u32));
+    w.add(
+        format!("{a}.rope.dimension_count"),
+        Value::U32(head_dim as u32),
+    );
+    w.add(
+        format!("{a}.vocab_size"),
+        Value::U32(spec.vocab_size as u32),
+    );
     tokenizer_metadata(&mut w, spec);
 
-    let mut g = Gen { rng: StdRng::seed_from_u64(spec.seed) };
+    let mut g = Gen {
+        rng: StdRng::seed_from_u64(spec.seed),
+    };
     let d = spec.d_model;
     let q_dim = spec.n_heads * head_dim;
     let kv_dim = spec.n_kv_heads * head_dim;
     let layer_ty = spec.weight_type;
-    let heavy_ty = if spec.mixed_k { GgmlType::Q6_K } else { layer_ty };
+    let heavy_ty = if spec.mixed_k {
+        GgmlType::Q6_K
+    } else {
+        layer_ty
+    };
     // Scales keep activations in a sane range through the residual stream.
     let s_in = 1.0 / (d as f32).sqrt();
-    g.tensor(&mut w, "token_embd.weight", &[d, spec.vocab_size], GgmlType::Q8_0, 1.0)?;
+    g.tensor(
+        &mut w,
+        "token_embd.weight",
+        &[d, spec.vocab_size],
+        GgmlType::Q8_0,
+        1.0,
+    )?;
     for i in 0..spec.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
         g.tensor(&mut w, &n("attn_norm.weight"), &[d], GgmlType::F32, 1.0)?;
         g.tensor(&mut w, &n("attn_q.weight"), &[d, q_dim], layer_ty, s_in)?;
         g.tensor(&mut w, &n("attn_k.weight"), &[d, kv_dim], layer_ty, s_in)?;
         g.tensor(&mut w, &n("attn_v.weight"), &[d, kv_dim], layer_ty, s_in)?;
-        g.tensor(&mut w, &n("attn_output.weight"), &[q_dim, d], layer_ty, s_in)?;
+        g.tensor(
+            &mut w,
+            &n("attn_output.weight"),
+            &[q_dim, d],
+            layer_ty,
+            s_in,
+        )?;
         if spec.arch == Arch::Qwen2 {
             g.tensor(&mut w, &n("attn_q.bias"), &[q_dim], GgmlType::F32, 0.1)?;
             g.tensor(&mut w, &n("attn_k.bias"), &[kv_dim], GgmlType::F32, 0.1)?;
             g.tensor(&mut w, &n("attn_v.bias"), &[kv_dim], GgmlType::F32, 0.1)?;
         }
         if spec.arch == Arch::Qwen3 {
-            g.tensor(&mut w, &n("attn_q_norm.weight"), &[head_dim], GgmlType::F32, 1.0)?;
-            g.tensor(&mut w, &n("attn_k_norm.weight"), &[head_dim], GgmlType::F32, 1.0)?;
+            g.tensor(
+                &mut w,
+                &n("attn_q_norm.weight"),
+                &[head_dim],
+                GgmlType::F32,
+                1.0,
+            )?;
+            g.tensor(
+                &mut w,
+                &n("attn_k_norm.weight"),
+                &[head_dim],
+                GgmlType::F32,
+                1.0,
+            )?;
         }
         g.tensor(&mut w, &n("ffn_norm.weight"), &[d], GgmlType::F32, 1.0)?;
-        g.tensor(&mut w, &n("ffn_gate.weight"), &[d, spec.ffn_dim], layer_ty, s_in)?;
-        g.tensor(&mut w, &n("ffn_up.weight"), &[d, spec.ffn_dim], layer_ty, s_in)?;
-        g.tensor(&mut w, &n("ffn_down.weight"), &[spec.ffn_dim, d], heavy_ty, 1.0 / (spec.ffn_dim as f32).sqrt())?;
+        g.tensor(
+            &mut w,
+            &n("ffn_gate.weight"),
+            &[d, spec.ffn_dim],
+            layer_ty,
+            s_in,
+        )?;
+        g.tensor(
+            &mut w,
+            &n("ffn_up.weight"),
+            &[d, spec.ffn_dim],
+            layer_ty,
+            s_in,
+        )?;
+        g.tensor(
+            &mut w,
+            &n("ffn_down.weight"),
+            &[spec.ffn_dim, d],
+            heavy_ty,
+            1.0 / (spec.ffn_dim as f32).sqrt(),
+        )?;
     }
     g.tensor(&mut w, "output_norm.weight", &[d], GgmlType::F32, 1.0)?;
     if !spec.tied_embeddings {
-        g.tensor(&mut w, "output.weight", &[d, spec.vocab_size], heavy_ty, s_in)?;
+        g.tensor(
+            &mut w,
+            "output.weight",
+            &[d, spec.vocab_size],
+            heavy_ty,
+            s_in,
+        )?;
     }
     Ok(w)
 }

@@ -13,18 +13,31 @@ fn tiny(spec: SynthSpec) -> Model {
 }
 
 fn tokens(n: usize, salt: u32, vocab: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 31 + salt * 7 + 3) % vocab as u32).collect()
+    (0..n as u32)
+        .map(|i| (i * 31 + salt * 7 + 3) % vocab as u32)
+        .collect()
 }
 
 /// Logits of the last token after feeding `toks` in chunks of `chunk`.
-fn run_single(model: &Model, kv: &mut KvCache, ws: &mut Workspace, toks: &[u32], chunk: usize) -> Vec<f32> {
+fn run_single(
+    model: &Model,
+    kv: &mut KvCache,
+    ws: &mut Workspace,
+    toks: &[u32],
+    chunk: usize,
+) -> Vec<f32> {
     let mut table = BlockTable::default();
     kv.reserve(&mut table, toks.len()).unwrap();
     let mut pos = 0;
     let mut out = Vec::new();
     while pos < toks.len() {
         let end = (pos + chunk).min(toks.len());
-        let b = [SeqInput { table: &table, tokens: &toks[pos..end], start_pos: pos, want_logits: end == toks.len() }];
+        let b = [SeqInput {
+            table: &table,
+            tokens: &toks[pos..end],
+            start_pos: pos,
+            want_logits: end == toks.len(),
+        }];
         model.forward(&b, kv, ws).unwrap();
         pos = end;
     }
@@ -35,18 +48,31 @@ fn run_single(model: &Model, kv: &mut KvCache, ws: &mut Workspace, toks: &[u32],
 
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter().zip(b).map(|(x, y)| (x - y).abs() / scale).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0.0, f32::max)
 }
 
 #[test]
 fn batched_forward_equals_single_forwards() {
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
-        let model = tiny(SynthSpec { arch, ..SynthSpec::tiny() });
+        let model = tiny(SynthSpec {
+            arch,
+            ..SynthSpec::tiny()
+        });
         let vocab = model.config.vocab_size;
         let mut kv = model.new_kv_cache(4096);
         let mut ws = Workspace::new(2);
-        let prompts: Vec<Vec<u32>> = [5usize, 17, 1, 40].iter().enumerate().map(|(i, &n)| tokens(n, i as u32, vocab)).collect();
-        let singles: Vec<Vec<f32>> = prompts.iter().map(|p| run_single(&model, &mut kv, &mut ws, p, 64)).collect();
+        let prompts: Vec<Vec<u32>> = [5usize, 17, 1, 40]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| tokens(n, i as u32, vocab))
+            .collect();
+        let singles: Vec<Vec<f32>> = prompts
+            .iter()
+            .map(|p| run_single(&model, &mut kv, &mut ws, p, 64))
+            .collect();
 
         let mut tables: Vec<BlockTable> = prompts.iter().map(|_| BlockTable::default()).collect();
         for (t, p) in tables.iter_mut().zip(&prompts) {
@@ -55,7 +81,12 @@ fn batched_forward_equals_single_forwards() {
         let batch: Vec<SeqInput> = tables
             .iter()
             .zip(&prompts)
-            .map(|(t, p)| SeqInput { table: t, tokens: p, start_pos: 0, want_logits: true })
+            .map(|(t, p)| SeqInput {
+                table: t,
+                tokens: p,
+                start_pos: 0,
+                want_logits: true,
+            })
             .collect();
         model.forward(&batch, &mut kv, &mut ws).unwrap();
         for (i, single) in singles.iter().enumerate() {
@@ -116,20 +147,49 @@ fn bad_batches_are_errors_not_panics() {
     let mut table = BlockTable::default();
     kv.reserve(&mut table, 4).unwrap();
     let vocab = model.config.vocab_size as u32;
-    let b = [SeqInput { table: &table, tokens: &[vocab], start_pos: 0, want_logits: true }];
-    assert!(matches!(model.forward(&b, &mut kv, &mut ws), Err(ForwardError::TokenOutOfRange { .. })));
-    let b = [SeqInput { table: &table, tokens: &[1; 20], start_pos: 0, want_logits: true }];
-    assert!(matches!(model.forward(&b, &mut kv, &mut ws), Err(ForwardError::NoKvBlock { .. })));
-    let b = [SeqInput { table: &table, tokens: &[], start_pos: 0, want_logits: true }];
-    assert_eq!(model.forward(&b, &mut kv, &mut ws), Err(ForwardError::EmptySequence));
+    let b = [SeqInput {
+        table: &table,
+        tokens: &[vocab],
+        start_pos: 0,
+        want_logits: true,
+    }];
+    assert!(matches!(
+        model.forward(&b, &mut kv, &mut ws),
+        Err(ForwardError::TokenOutOfRange { .. })
+    ));
+    let b = [SeqInput {
+        table: &table,
+        tokens: &[1; 20],
+        start_pos: 0,
+        want_logits: true,
+    }];
+    assert!(matches!(
+        model.forward(&b, &mut kv, &mut ws),
+        Err(ForwardError::NoKvBlock { .. })
+    ));
+    let b = [SeqInput {
+        table: &table,
+        tokens: &[],
+        start_pos: 0,
+        want_logits: true,
+    }];
+    assert_eq!(
+        model.forward(&b, &mut kv, &mut ws),
+        Err(ForwardError::EmptySequence)
+    );
 }
 
 #[test]
 fn missing_tensor_and_unknown_arch_are_load_errors() {
     let spec = SynthSpec::tiny();
     let mut w = synth_gguf(&spec).unwrap();
-    w.add("general.architecture", crate::gguf::Value::String("mamba".into()));
+    w.add(
+        "general.architecture",
+        crate::gguf::Value::String("mamba".into()),
+    );
     let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
-    let err = Model::from_file(file, std::path::Path::new("x.gguf")).err().expect("must fail");
+    let err = Model::from_file(file, std::path::Path::new("x.gguf"))
+        .err()
+        .expect("must fail");
     assert!(err.to_string().contains("mamba"), "{err}");
 }

@@ -66,13 +66,18 @@ pub enum WeightsError {
     #[error("tensor `{0}` is missing from the model file")]
     Missing(String),
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    Shape { name: String, found: Vec<u64>, expected: Vec<u64> },
+    Shape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
     #[error("tensor `{name}` has type {ty}, which sparkd cannot use there")]
     Type { name: String, ty: GgmlType },
 }
 
 fn info<'a>(file: &'a GgufFile, name: &str) -> Result<&'a TensorInfo, WeightsError> {
-    file.tensor(name).ok_or_else(|| WeightsError::Missing(name.to_string()))
+    file.tensor(name)
+        .ok_or_else(|| WeightsError::Missing(name.to_string()))
 }
 
 fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), WeightsError> {
@@ -86,14 +91,28 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), WeightsError> {
     Ok(())
 }
 
-fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<MatrixRef, WeightsError> {
+fn matrix(
+    file: &GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<MatrixRef, WeightsError> {
     let t = info(file, name)?;
     check_shape(t, &[cols as u64, rows as u64])?;
     // Q8_1 and Q8_K are activation formats: no kernel takes them as weights.
     if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
-        return Err(WeightsError::Type { name: name.to_string(), ty: t.ty });
+        return Err(WeightsError::Type {
+            name: name.to_string(),
+            ty: t.ty,
+        });
     }
-    Ok(MatrixRef { ty: t.ty, rows, cols, offset: t.offset as usize, len: t.n_bytes as usize })
+    Ok(MatrixRef {
+        ty: t.ty,
+        rows,
+        cols,
+        offset: t.offset as usize,
+        len: t.n_bytes as usize,
+    })
 }
 
 /// A 1-D tensor (norm weights, biases) converted to f32 once at load.
@@ -101,8 +120,10 @@ fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, WeightsEr
     let t = info(file, name)?;
     check_shape(t, &[len as u64])?;
     let mut out = vec![0.0; len];
-    dequantize(t.ty, file.tensor_data(t), &mut out)
-        .map_err(|_| WeightsError::Type { name: name.to_string(), ty: t.ty })?;
+    dequantize(t.ty, file.tensor_data(t), &mut out).map_err(|_| WeightsError::Type {
+        name: name.to_string(),
+        ty: t.ty,
+    })?;
     Ok(out)
 }
 
@@ -169,7 +190,13 @@ impl Weights {
                 }
             })
             .collect();
-        Ok(Weights { tok_embd, layers, output_norm, output, rope_inv_freq })
+        Ok(Weights {
+            tok_embd,
+            layers,
+            output_norm,
+            output,
+            rope_inv_freq,
+        })
     }
 
     /// Parameters in the matrices and vectors the forward pass uses.
@@ -180,7 +207,13 @@ impl Weights {
             n += m(&self.output);
         }
         for l in &self.layers {
-            n += m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + m(&l.w_gate) + m(&l.w_up) + m(&l.w_down);
+            n += m(&l.wq)
+                + m(&l.wk)
+                + m(&l.wv)
+                + m(&l.wo)
+                + m(&l.w_gate)
+                + m(&l.w_up)
+                + m(&l.w_down);
             n += 2 * cfg.d_model as u64;
         }
         n

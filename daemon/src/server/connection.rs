@@ -53,7 +53,12 @@ enum End {
 }
 
 /// Serves one accepted connection to its end.
-pub(crate) async fn run(shared: Arc<Shared>, stream: UnixStream, conn: ConnId, shutdown: CancellationToken) {
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    stream: UnixStream,
+    conn: ConnId,
+    shutdown: CancellationToken,
+) {
     let client = peercred::client_info(&stream);
     let mut framed = Framed::new(stream, MessageCodec::new(shared.max_frame_bytes));
 
@@ -61,9 +66,16 @@ pub(crate) async fn run(shared: Arc<Shared>, stream: UnixStream, conn: ConnId, s
         tracing::warn!(conn, uid = ?client.uid, "connection refused: user not on the allow-list");
         let message = match client.uid {
             Some(uid) => format!("uid {uid} is not allowed to use this daemon"),
-            None => "this daemon admits only known users, and the peer's credentials are unavailable".to_owned(),
+            None => {
+                "this daemon admits only known users, and the peer's credentials are unavailable"
+                    .to_owned()
+            }
         };
-        send_final(&mut framed, connection_error(ErrorKind::NotAllowed, message)).await;
+        send_final(
+            &mut framed,
+            connection_error(ErrorKind::NotAllowed, message),
+        )
+        .await;
         return;
     }
 
@@ -124,7 +136,10 @@ async fn handshake(
     };
     let hello = match first {
         Err(_elapsed) => {
-            let message = format!("no Hello within {} s", shared.handshake_timeout.as_secs_f32());
+            let message = format!(
+                "no Hello within {} s",
+                shared.handshake_timeout.as_secs_f32()
+            );
             return Err(refuse(framed, connection_error(ErrorKind::Handshake, message)).await);
         }
         Ok(None) => return Err(End::Disconnected),
@@ -147,7 +162,11 @@ async fn handshake(
             hello.minor,
             env!("CARGO_PKG_VERSION"),
         );
-        return Err(refuse(framed, connection_error(ErrorKind::VersionMismatch, message)).await);
+        return Err(refuse(
+            framed,
+            connection_error(ErrorKind::VersionMismatch, message),
+        )
+        .await);
     }
     let welcome = Welcome {
         major: PROTOCOL_MAJOR,
@@ -155,7 +174,10 @@ async fn handshake(
         daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
         max_frame_bytes: u32::try_from(shared.max_frame_bytes).unwrap_or(u32::MAX),
     };
-    framed.send(ServerMessage::Welcome(welcome)).await.map_err(|_| End::Disconnected)?;
+    framed
+        .send(ServerMessage::Welcome(welcome))
+        .await
+        .map_err(|_| End::Disconnected)?;
     Ok(hello)
 }
 
@@ -179,7 +201,11 @@ impl Connection {
     async fn serve(&mut self, framed: &mut ServerFramed, shutdown: &CancellationToken) -> End {
         loop {
             if self.draining && self.running.is_empty() {
-                send_final(framed, connection_error(ErrorKind::ShuttingDown, "sparkd is shutting down")).await;
+                send_final(
+                    framed,
+                    connection_error(ErrorKind::ShuttingDown, "sparkd is shutting down"),
+                )
+                .await;
                 return End::Shutdown;
             }
             tokio::select! {
@@ -216,7 +242,10 @@ impl Connection {
     fn handle(&mut self, message: ClientMessage, arrived: Instant) -> Result<(), ErrorEvent> {
         match message {
             ClientMessage::Hello(_) => {
-                return Err(connection_error(ErrorKind::Handshake, "Hello was already sent on this connection"));
+                return Err(connection_error(
+                    ErrorKind::Handshake,
+                    "Hello was already sent on this connection",
+                ));
             }
             ClientMessage::Generate(request) => self.generate(request, arrived),
             ClientMessage::Cancel { id } => {
@@ -226,14 +255,23 @@ impl Connection {
             }
             ClientMessage::Tokenize { id, text, special } => self.tokenize(id, text, special),
             ClientMessage::Status { id } => {
-                self.reply(ServerMessage::Status { id, status: self.engine.status() });
+                self.reply(ServerMessage::Status {
+                    id,
+                    status: self.engine.status(),
+                });
             }
             ClientMessage::Jobs { id, limit } => {
                 let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-                self.reply(ServerMessage::Jobs { id, jobs: self.engine.jobs(limit) });
+                self.reply(ServerMessage::Jobs {
+                    id,
+                    jobs: self.engine.jobs(limit),
+                });
             }
             ClientMessage::Models { id } => {
-                self.reply(ServerMessage::Models { id, models: self.engine.models() });
+                self.reply(ServerMessage::Models {
+                    id,
+                    models: self.engine.models(),
+                });
             }
         }
         Ok(())
@@ -242,7 +280,11 @@ impl Connection {
     fn generate(&mut self, request: GenerateRequest, arrived: Instant) {
         let id = request.id;
         if self.draining {
-            self.reply(request_error(id, ErrorKind::ShuttingDown, "sparkd is shutting down".into()));
+            self.reply(request_error(
+                id,
+                ErrorKind::ShuttingDown,
+                "sparkd is shutting down".into(),
+            ));
             return;
         }
         if !self.running.insert(id) {
@@ -264,7 +306,10 @@ impl Connection {
                 tracing::debug!(conn = self.conn, id, kind = ?rejection.kind, "generation rejected");
                 // The id is forced: without one the client would take it for a
                 // connection-level error.
-                self.reply(ServerMessage::Error(ErrorEvent { id: Some(id), ..rejection }));
+                self.reply(ServerMessage::Error(ErrorEvent {
+                    id: Some(id),
+                    ..rejection
+                }));
             }
         }
     }
@@ -276,8 +321,13 @@ impl Connection {
         tokio::task::spawn_blocking(move || {
             let reply = match catch_unwind(AssertUnwindSafe(|| engine.tokenize(&text, special))) {
                 Ok(Ok(tokens)) => ServerMessage::Tokens { id, tokens },
-                Ok(Err(err)) => ServerMessage::Error(ErrorEvent { id: Some(id), ..err }),
-                Err(_panic) => request_error(id, ErrorKind::Internal, "the tokenizer failed".into()),
+                Ok(Err(err)) => ServerMessage::Error(ErrorEvent {
+                    id: Some(id),
+                    ..err
+                }),
+                Err(_panic) => {
+                    request_error(id, ErrorKind::Internal, "the tokenizer failed".into())
+                }
             };
             // The connection may be gone; then nobody wants the reply.
             let _ = events.send(reply);
@@ -290,7 +340,11 @@ impl Connection {
     }
 
     /// Writes `first` and whatever else is queued, then flushes once.
-    async fn write_events(&mut self, framed: &mut ServerFramed, first: ServerMessage) -> Result<(), CodecError> {
+    async fn write_events(
+        &mut self,
+        framed: &mut ServerFramed,
+        first: ServerMessage,
+    ) -> Result<(), CodecError> {
         let mut next = Some(first);
         let mut written = 0;
         while let Some(message) = next {
@@ -299,7 +353,11 @@ impl Connection {
             }
             framed.feed(message).await?;
             written += 1;
-            next = if written < MAX_WRITE_BATCH { self.events_rx.try_recv().ok() } else { None };
+            next = if written < MAX_WRITE_BATCH {
+                self.events_rx.try_recv().ok()
+            } else {
+                None
+            };
         }
         framed.flush().await
     }
@@ -308,7 +366,9 @@ impl Connection {
 /// The error frame for a codec failure, or `None` when the peer simply went away.
 fn codec_refusal(err: &CodecError) -> Option<ErrorEvent> {
     match err {
-        CodecError::FrameTooLarge { .. } => Some(connection_error(ErrorKind::FrameTooLarge, err.to_string())),
+        CodecError::FrameTooLarge { .. } => {
+            Some(connection_error(ErrorKind::FrameTooLarge, err.to_string()))
+        }
         CodecError::BadFrame(_) | CodecError::Encode(_) => {
             Some(connection_error(ErrorKind::BadFrame, err.to_string()))
         }
@@ -324,15 +384,27 @@ async fn refuse(framed: &mut ServerFramed, refusal: ErrorEvent) -> End {
 
 /// Writes a connection's last frame, best effort.
 async fn send_final(framed: &mut ServerFramed, refusal: ErrorEvent) {
-    let _ = tokio::time::timeout(FINAL_WRITE_TIMEOUT, framed.send(ServerMessage::Error(refusal))).await;
+    let _ = tokio::time::timeout(
+        FINAL_WRITE_TIMEOUT,
+        framed.send(ServerMessage::Error(refusal)),
+    )
+    .await;
 }
 
 fn connection_error(kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
-    ErrorEvent { id: None, kind, message: message.into() }
+    ErrorEvent {
+        id: None,
+        kind,
+        message: message.into(),
+    }
 }
 
 fn request_error(id: u64, kind: ErrorKind, message: String) -> ServerMessage {
-    ServerMessage::Error(ErrorEvent { id: Some(id), kind, message })
+    ServerMessage::Error(ErrorEvent {
+        id: Some(id),
+        kind,
+        message,
+    })
 }
 
 /// A client-chosen name, safe for a log line.

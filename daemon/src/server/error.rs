@@ -15,14 +15,25 @@ pub enum ServerError {
     #[error("socket directory {} is owned by uid {owner}, not by this user or root", path.display())]
     UnsafeDirectory { path: PathBuf, owner: u32 },
     #[error("cannot {action} {}: {source}", path.display())]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
     #[error("cannot use the inherited listener: {0}")]
     Inherited(#[source] io::Error),
 }
 
 impl ServerError {
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Self {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Self {
         let path = path.into();
-        move |source| ServerError::Io { action, path, source }
+        move |source| ServerError::Io {
+            action,
+            path,
+            source,
+        }
     }
 }

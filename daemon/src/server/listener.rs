@@ -47,15 +47,25 @@ pub async fn bind(config: &ServerConfig) -> Result<Listener, ServerError> {
     let inner = UnixListener::bind(path).map_err(|source| {
         if source.kind() == io::ErrorKind::AddrInUse {
             // Another daemon bound it between our probe and our bind.
-            ServerError::AlreadyRunning { path: path.to_path_buf() }
+            ServerError::AlreadyRunning {
+                path: path.to_path_buf(),
+            }
         } else {
-            ServerError::Io { action: "bind", path: path.to_path_buf(), source }
+            ServerError::Io {
+                action: "bind",
+                path: path.to_path_buf(),
+                source,
+            }
         }
     })?;
     let metadata = fs::symlink_metadata(path).map_err(ServerError::io("inspect", path))?;
     let listener = Listener {
         inner,
-        file: Some(SocketFile { path: path.to_path_buf(), dev: metadata.dev(), ino: metadata.ino() }),
+        file: Some(SocketFile {
+            path: path.to_path_buf(),
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+        }),
     };
     // Until this chmod the file has the umask's mode; the allow-list (when configured)
     // still applies to anyone who connects in that window.
@@ -68,7 +78,9 @@ impl Listener {
     /// Wraps a socket that is already listening (systemd socket activation). Must be
     /// called inside the tokio runtime. The socket file is left alone on drop.
     pub fn from_std(listener: std::os::unix::net::UnixListener) -> Result<Listener, ServerError> {
-        listener.set_nonblocking(true).map_err(ServerError::Inherited)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(ServerError::Inherited)?;
         let inner = UnixListener::from_std(listener).map_err(ServerError::Inherited)?;
         Ok(Listener { inner, file: None })
     }
@@ -111,7 +123,10 @@ fn prepare_parent_dir(socket: &Path) -> Result<(), ServerError> {
         Ok(meta) => {
             let me = spark_client::current_uid();
             if meta.uid() != me && meta.uid() != 0 {
-                return Err(ServerError::UnsafeDirectory { path: dir.to_path_buf(), owner: meta.uid() });
+                return Err(ServerError::UnsafeDirectory {
+                    path: dir.to_path_buf(),
+                    owner: meta.uid(),
+                });
             }
             Ok(())
         }
@@ -120,7 +135,11 @@ fn prepare_parent_dir(socket: &Path) -> Result<(), ServerError> {
             .mode(0o755)
             .create(dir)
             .map_err(ServerError::io("create the socket directory", dir)),
-        Err(source) => Err(ServerError::Io { action: "inspect", path: dir.to_path_buf(), source }),
+        Err(source) => Err(ServerError::Io {
+            action: "inspect",
+            path: dir.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -129,26 +148,46 @@ async fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
     let meta = match fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(ServerError::Io { action: "inspect", path: path.into(), source }),
+        Err(source) => {
+            return Err(ServerError::Io {
+                action: "inspect",
+                path: path.into(),
+                source,
+            })
+        }
     };
     if !meta.file_type().is_socket() {
-        return Err(ServerError::NotASocket { path: path.to_path_buf() });
+        return Err(ServerError::NotASocket {
+            path: path.to_path_buf(),
+        });
     }
     match tokio::time::timeout(PROBE_TIMEOUT, UnixStream::connect(path)).await {
         // A daemon answered, or is alive but too busy to (a full backlog is EAGAIN).
-        Ok(Ok(_)) | Err(_) => Err(ServerError::AlreadyRunning { path: path.to_path_buf() }),
+        Ok(Ok(_)) | Err(_) => Err(ServerError::AlreadyRunning {
+            path: path.to_path_buf(),
+        }),
         Ok(Err(err)) if err.kind() == io::ErrorKind::WouldBlock => {
-            Err(ServerError::AlreadyRunning { path: path.to_path_buf() })
+            Err(ServerError::AlreadyRunning {
+                path: path.to_path_buf(),
+            })
         }
         Ok(Err(err)) if err.kind() == io::ErrorKind::ConnectionRefused => {
             tracing::info!(path = %path.display(), "removing stale socket");
             match fs::remove_file(path) {
                 Ok(()) => Ok(()),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(source) => Err(ServerError::Io { action: "remove stale socket", path: path.into(), source }),
+                Err(source) => Err(ServerError::Io {
+                    action: "remove stale socket",
+                    path: path.into(),
+                    source,
+                }),
             }
         }
         Ok(Err(err)) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        Ok(Err(source)) => Err(ServerError::Io { action: "probe", path: path.to_path_buf(), source }),
+        Ok(Err(source)) => Err(ServerError::Io {
+            action: "probe",
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }

@@ -21,7 +21,6 @@ mod serve;
 #[cfg(test)]
 mod tests;
 
-
 pub use config::ServerConfig;
 pub use error::ServerError;
 pub use listener::{bind, Listener};

@@ -36,7 +36,11 @@ pub(crate) struct AllowList {
 impl AllowList {
     pub(crate) fn new(config: &ServerConfig, exempt: Vec<u32>) -> Self {
         let set = |list: &Option<Vec<u32>>| list.as_ref().map(|ids| ids.iter().copied().collect());
-        Self { uids: set(&config.allowed_uids), gids: set(&config.allowed_gids), exempt }
+        Self {
+            uids: set(&config.allowed_uids),
+            gids: set(&config.allowed_gids),
+            exempt,
+        }
     }
 
     /// The allow-list of a daemon running as the current user.
@@ -77,8 +81,12 @@ fn supplementary_groups(pid: u32) -> Option<Vec<u32>> {
 
 /// The `Groups:` line of `/proc/<pid>/status`.
 fn parse_groups(status: &str) -> Option<Vec<u32>> {
-    let line = status.lines().find_map(|line| line.strip_prefix("Groups:"))?;
-    line.split_whitespace().map(|gid| gid.parse().ok()).collect()
+    let line = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Groups:"))?;
+    line.split_whitespace()
+        .map(|gid| gid.parse().ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -94,7 +102,11 @@ mod tests {
 
     fn client(uid: u32, gid: u32) -> ClientInfo {
         // No pid: supplementary groups are not consulted.
-        ClientInfo { pid: None, uid: Some(uid), gid: Some(gid) }
+        ClientInfo {
+            pid: None,
+            uid: Some(uid),
+            gid: Some(gid),
+        }
     }
 
     #[test]
@@ -132,7 +144,11 @@ mod tests {
             return;
         };
         let list = allow(None, Some(vec![group]));
-        let me = ClientInfo { pid: Some(std::process::id()), uid: Some(4321), gid: Some(u32::MAX) };
+        let me = ClientInfo {
+            pid: Some(std::process::id()),
+            uid: Some(4321),
+            gid: Some(u32::MAX),
+        };
         assert!(list.permits(&me));
     }
 

@@ -91,7 +91,10 @@ pub(crate) async fn serve_with(
     }
 
     drop(listener);
-    tracing::info!(connections = tasks.len(), "shutting down: no longer accepting");
+    tracing::info!(
+        connections = tasks.len(),
+        "shutting down: no longer accepting"
+    );
     let drained = tokio::time::timeout(config.shutdown_grace, async {
         while let Some(joined) = tasks.join_next().await {
             report_task_end(joined);

@@ -49,7 +49,11 @@ impl FakeEngine {
 
     /// Every token's text is `token_text_bytes` long (0: a short `t<n> `).
     pub fn with_text(token_delay: Duration, token_text_bytes: usize) -> Arc<Self> {
-        Arc::new(Self { token_delay, token_text_bytes, state: Arc::default() })
+        Arc::new(Self {
+            token_delay,
+            token_text_bytes,
+            state: Arc::default(),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -70,7 +74,11 @@ impl FakeEngine {
 
     /// (request id, finish reason, tokens sent) of every ended generation.
     pub fn finished(&self) -> Vec<(u64, FinishReason, u32)> {
-        self.lock().finished.iter().map(|&((_, id), reason, n)| (id, reason, n)).collect()
+        self.lock()
+            .finished
+            .iter()
+            .map(|&((_, id), reason, n)| (id, reason, n))
+            .collect()
     }
 
     pub fn running(&self) -> usize {
@@ -102,7 +110,9 @@ impl Running {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn prompt_text(input: &PromptInput) -> &str {
@@ -114,21 +124,41 @@ fn prompt_text(input: &PromptInput) -> &str {
 
 impl Engine for FakeEngine {
     fn submit(&self, submission: Submission) -> Result<(), ErrorEvent> {
-        let Submission { conn, client, request, arrived, events } = submission;
+        let Submission {
+            conn,
+            client,
+            request,
+            arrived,
+            events,
+        } = submission;
         let id = request.id;
         let prompt = prompt_text(&request.input).to_owned();
         let mut state = self.lock();
         if state.shut_down {
-            return Err(ErrorEvent { id: Some(id), kind: ErrorKind::ShuttingDown, message: "stopping".into() });
+            return Err(ErrorEvent {
+                id: Some(id),
+                kind: ErrorKind::ShuttingDown,
+                message: "stopping".into(),
+            });
         }
         if prompt == BUSY_PROMPT {
             // Deliberately without an id: the server must fill it in.
-            return Err(ErrorEvent { id: None, kind: ErrorKind::Busy, message: "queue full".into() });
+            return Err(ErrorEvent {
+                id: None,
+                kind: ErrorKind::Busy,
+                message: "queue full".into(),
+            });
         }
         state.submissions.push((conn, client, id));
         let stop = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
-        state.running.insert((conn, id), Running { stop: stop.clone(), reason: Arc::clone(&reason) });
+        state.running.insert(
+            (conn, id),
+            Running {
+                stop: stop.clone(),
+                reason: Arc::clone(&reason),
+            },
+        );
         drop(state);
 
         let total = request.max_tokens.unwrap_or(5);
@@ -148,13 +178,29 @@ impl Engine for FakeEngine {
                     _ = tokio::time::sleep(delay) => {}
                 }
                 if prompt == FAIL_PROMPT && n == 1 {
-                    let error = ErrorEvent { id: Some(id), kind: ErrorKind::Engine, message: "boom".into() };
+                    let error = ErrorEvent {
+                        id: Some(id),
+                        kind: ErrorKind::Engine,
+                        message: "boom".into(),
+                    };
                     let _ = events.send(ServerMessage::Error(error));
                     finish = FinishReason::Error;
                     break;
                 }
-                let text = if text_bytes == 0 { format!("t{n} ") } else { "x".repeat(text_bytes) };
-                if events.send(ServerMessage::Token(TokenEvent { id, token: n, text, logprobs: None })).is_err() {
+                let text = if text_bytes == 0 {
+                    format!("t{n} ")
+                } else {
+                    "x".repeat(text_bytes)
+                };
+                if events
+                    .send(ServerMessage::Token(TokenEvent {
+                        id,
+                        token: n,
+                        text,
+                        logprobs: None,
+                    }))
+                    .is_err()
+                {
                     finish = FinishReason::Disconnected;
                     break;
                 }
@@ -168,7 +214,10 @@ impl Engine for FakeEngine {
             let done = DoneEvent {
                 id,
                 finish_reason: finish,
-                usage: Usage { prompt_tokens: PROMPT_TOKENS, completion_tokens: sent },
+                usage: Usage {
+                    prompt_tokens: PROMPT_TOKENS,
+                    completion_tokens: sent,
+                },
                 timings,
             };
             let _ = events.send(ServerMessage::Done(done));
@@ -196,12 +245,19 @@ impl Engine for FakeEngine {
 
     fn tokenize(&self, text: &str, _special: bool) -> Result<Vec<TokenPiece>, ErrorEvent> {
         if text.is_empty() {
-            return Err(ErrorEvent { id: None, kind: ErrorKind::InvalidRequest, message: "empty text".into() });
+            return Err(ErrorEvent {
+                id: None,
+                kind: ErrorKind::InvalidRequest,
+                message: "empty text".into(),
+            });
         }
         Ok(text
             .split_inclusive(' ')
             .enumerate()
-            .map(|(n, piece)| TokenPiece { id: n as u32 + 100, piece: piece.to_owned() })
+            .map(|(n, piece)| TokenPiece {
+                id: n as u32 + 100,
+                piece: piece.to_owned(),
+            })
             .collect())
     }
 
@@ -242,7 +298,10 @@ impl Engine for FakeEngine {
                 engine: "sparkd".into(),
                 started_unix_ms: 0,
                 finished_unix_ms: 0,
-                usage: Usage { prompt_tokens: PROMPT_TOKENS, completion_tokens: sent },
+                usage: Usage {
+                    prompt_tokens: PROMPT_TOKENS,
+                    completion_tokens: sent,
+                },
                 timings: Timings::default(),
                 finish_reason: reason,
                 estimated: false,

@@ -26,7 +26,10 @@ async fn bind_sets_the_socket_mode_and_drop_removes_the_file() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     // The missing parent directories were created.
     let parent = std::fs::metadata(dir.path().join("run/sparkd")).unwrap();
-    assert_eq!(parent.permissions().mode() & 0o777, 0o755 & !current_umask());
+    assert_eq!(
+        parent.permissions().mode() & 0o777,
+        0o755 & !current_umask()
+    );
     assert_eq!(listener.socket_path(), Some(config.socket_path.as_path()));
     drop(listener);
     assert!(!config.socket_path.exists());
@@ -36,7 +39,10 @@ fn current_umask() -> u32 {
     // Read it without changing it: /proc/self/status has a `Umask:` line.
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:").map(|v| v.trim().to_owned())))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:").map(|v| v.trim().to_owned()))
+        })
         .and_then(|v| u32::from_str_radix(&v, 8).ok())
         .unwrap_or(0o022)
 }
@@ -48,8 +54,15 @@ async fn stale_socket_is_removed() {
     // A listener that is closed leaves its socket file behind, with nobody answering.
     drop(std::os::unix::net::UnixListener::bind(&config.socket_path).unwrap());
     assert!(config.socket_path.exists());
-    let listener = bind(&config).await.expect("a stale socket does not stop bind");
-    let server = tokio::spawn(serve(listener, config.clone(), FakeEngine::new(Duration::ZERO), CancellationToken::new()));
+    let listener = bind(&config)
+        .await
+        .expect("a stale socket does not stop bind");
+    let server = tokio::spawn(serve(
+        listener,
+        config.clone(),
+        FakeEngine::new(Duration::ZERO),
+        CancellationToken::new(),
+    ));
     Raw::connect(&config.socket_path).await.hello().await;
     server.abort();
 }
@@ -71,7 +84,10 @@ async fn a_file_that_is_not_a_socket_is_left_alone() {
     let dir = TempDir::new();
     let config = ServerConfig::new(dir.path().join("sparkd.sock"));
     std::fs::write(&config.socket_path, b"precious").unwrap();
-    assert!(matches!(bind(&config).await, Err(ServerError::NotASocket { .. })));
+    assert!(matches!(
+        bind(&config).await,
+        Err(ServerError::NotASocket { .. })
+    ));
     assert_eq!(std::fs::read(&config.socket_path).unwrap(), b"precious");
 }
 
@@ -96,7 +112,12 @@ async fn inherited_listener_serves_and_its_file_is_left_alone() {
     let listener = Listener::from_std(std_listener).expect("from_std");
     assert_eq!(listener.socket_path(), None);
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(serve(listener, ServerConfig::new(&path), FakeEngine::new(Duration::ZERO), shutdown.clone()));
+    let task = tokio::spawn(serve(
+        listener,
+        ServerConfig::new(&path),
+        FakeEngine::new(Duration::ZERO),
+        shutdown.clone(),
+    ));
     Raw::connect(&path).await.hello().await;
     shutdown.cancel();
     task.await.unwrap().unwrap();
@@ -122,8 +143,13 @@ async fn strangers_get_not_allowed_and_are_closed() {
     }
     raw.expect_closed().await;
 
-    let err = spark_client::Client::connect(&server.path).await.expect_err("refused");
-    assert!(matches!(err, spark_client::ClientError::NotAllowed(_)), "{err:?}");
+    let err = spark_client::Client::connect(&server.path)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, spark_client::ClientError::NotAllowed(_)),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -138,16 +164,25 @@ async fn listed_user_is_allowed() {
 
 #[tokio::test]
 async fn connections_past_the_limit_wait_for_a_slot() {
-    let server = TestServer::start_with(FakeEngine::new(Duration::ZERO), |c| c.max_connections = 1).await;
+    let server =
+        TestServer::start_with(FakeEngine::new(Duration::ZERO), |c| c.max_connections = 1).await;
     let first = server.raw_welcomed().await;
     let mut second = server.raw().await;
-    second.send(&super::hello(spark_client::protocol::PROTOCOL_MAJOR, 0)).await;
+    second
+        .send(&super::hello(spark_client::protocol::PROTOCOL_MAJOR, 0))
+        .await;
     // Not served while the first holds the only slot...
     let early = tokio::time::timeout(Duration::from_millis(200), second.recv()).await;
-    assert!(early.is_err(), "second connection served past the limit: {early:?}");
+    assert!(
+        early.is_err(),
+        "second connection served past the limit: {early:?}"
+    );
     // ...and served as soon as it frees it.
     drop(first);
-    assert!(matches!(second.recv().await, Some(ServerMessage::Welcome(_))));
+    assert!(matches!(
+        second.recv().await,
+        Some(ServerMessage::Welcome(_))
+    ));
 }
 
 #[tokio::test]
@@ -156,7 +191,9 @@ async fn a_client_that_does_not_read_does_not_hold_up_others() {
     let engine = FakeEngine::with_text(Duration::ZERO, 64 << 10);
     let server = TestServer::start(engine).await;
     let mut sleeper = server.raw_welcomed().await;
-    sleeper.send(&ClientMessage::Generate(request(1, "hi", 200))).await;
+    sleeper
+        .send(&ClientMessage::Generate(request(1, "hi", 200)))
+        .await;
     // The engine finishes the sleeper's generation without waiting for it to read.
     wait_until("the unread generation to finish in the engine", || {
         server.engine.finished().iter().any(|f| f.0 == 1)
@@ -164,7 +201,9 @@ async fn a_client_that_does_not_read_does_not_hold_up_others() {
     .await;
 
     let mut reader = server.raw_welcomed().await;
-    reader.send(&ClientMessage::Generate(request(2, "hi", 20))).await;
+    reader
+        .send(&ClientMessage::Generate(request(2, "hi", 20)))
+        .await;
     let mut tokens = 0;
     loop {
         match reader.recv().await {
@@ -198,13 +237,16 @@ async fn shutdown_drains_running_generations_then_closes() {
     let server = TestServer::start(FakeEngine::new(Duration::from_millis(5))).await;
     let mut busy = server.raw_welcomed().await;
     let mut idle = server.raw_welcomed().await;
-    busy.send(&ClientMessage::Generate(request(1, "hi", 100_000))).await;
+    busy.send(&ClientMessage::Generate(request(1, "hi", 100_000)))
+        .await;
     assert!(matches!(busy.recv().await, Some(ServerMessage::Token(_))));
 
     server.shutdown.cancel();
     // The idle connection is told and closed at once.
     match idle.recv().await {
-        Some(ServerMessage::Error(e)) => assert_eq!((e.id, e.kind), (None, ErrorKind::ShuttingDown)),
+        Some(ServerMessage::Error(e)) => {
+            assert_eq!((e.id, e.kind), (None, ErrorKind::ShuttingDown))
+        }
         other => panic!("expected ShuttingDown, got {other:?}"),
     }
     idle.expect_closed().await;
@@ -212,7 +254,8 @@ async fn shutdown_drains_running_generations_then_closes() {
     wait_until("the socket file to go", || !server.path.exists()).await;
 
     // The busy connection keeps streaming, and new generations on it are refused.
-    busy.send(&ClientMessage::Generate(request(2, "hi", 1))).await;
+    busy.send(&ClientMessage::Generate(request(2, "hi", 1)))
+        .await;
     let mut refused = false;
     let mut tokens_after = 0;
     for _ in 0..20 {
@@ -226,7 +269,10 @@ async fn shutdown_drains_running_generations_then_closes() {
         }
     }
     assert!(refused && tokens_after >= 19);
-    assert!(!server.task.is_finished(), "serve returned while a generation was running");
+    assert!(
+        !server.task.is_finished(),
+        "serve returned while a generation was running"
+    );
 
     // The engine stops: the last Done goes out, then the connection closes.
     server.engine.shutdown();
@@ -241,11 +287,17 @@ async fn shutdown_drains_running_generations_then_closes() {
         }
     }
     match busy.recv().await {
-        Some(ServerMessage::Error(e)) => assert_eq!((e.id, e.kind), (None, ErrorKind::ShuttingDown)),
+        Some(ServerMessage::Error(e)) => {
+            assert_eq!((e.id, e.kind), (None, ErrorKind::ShuttingDown))
+        }
         other => panic!("expected ShuttingDown, got {other:?}"),
     }
     busy.expect_closed().await;
-    tokio::time::timeout(PATIENCE, server.task).await.expect("serve returns").unwrap().unwrap();
+    tokio::time::timeout(PATIENCE, server.task)
+        .await
+        .expect("serve returns")
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -255,10 +307,18 @@ async fn shutdown_grace_bounds_a_stuck_drain() {
     })
     .await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(1, "hi", 100_000))).await;
+    raw.send(&ClientMessage::Generate(request(1, "hi", 100_000)))
+        .await;
     assert!(matches!(raw.recv().await, Some(ServerMessage::Token(_))));
     server.shutdown.cancel();
     // The engine never stops the generation; serve gives up after the grace period.
-    tokio::time::timeout(PATIENCE, server.task).await.expect("serve returns").unwrap().unwrap();
-    wait_until("the abandoned generation to end", || server.engine.running() == 0).await;
+    tokio::time::timeout(PATIENCE, server.task)
+        .await
+        .expect("serve returns")
+        .unwrap()
+        .unwrap();
+    wait_until("the abandoned generation to end", || {
+        server.engine.running() == 0
+    })
+    .await;
 }

@@ -71,7 +71,10 @@ impl TestServer {
         Self::start_with(engine, |_| {}).await
     }
 
-    pub async fn start_with(engine: Arc<FakeEngine>, tweak: impl FnOnce(&mut ServerConfig)) -> Self {
+    pub async fn start_with(
+        engine: Arc<FakeEngine>,
+        tweak: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let dir = TempDir::new();
         let mut config = ServerConfig::new(dir.path().join("sparkd.sock"));
         tweak(&mut config);
@@ -79,12 +82,29 @@ impl TestServer {
         Self::start_in(dir, config, engine, allow).await
     }
 
-    pub async fn start_in(dir: TempDir, config: ServerConfig, engine: Arc<FakeEngine>, allow: AllowList) -> Self {
+    pub async fn start_in(
+        dir: TempDir,
+        config: ServerConfig,
+        engine: Arc<FakeEngine>,
+        allow: AllowList,
+    ) -> Self {
         let listener = bind(&config).await.expect("bind");
         let shutdown = CancellationToken::new();
         let path = config.socket_path.clone();
-        let task = tokio::spawn(serve_with(listener, config, engine.clone(), shutdown.clone(), allow));
-        Self { path, engine, shutdown, task, _dir: dir }
+        let task = tokio::spawn(serve_with(
+            listener,
+            config,
+            engine.clone(),
+            shutdown.clone(),
+            allow,
+        ));
+        Self {
+            path,
+            engine,
+            shutdown,
+            task,
+            _dir: dir,
+        }
     }
 
     pub async fn raw(&self) -> Raw {
@@ -99,7 +119,9 @@ impl TestServer {
     }
 
     pub async fn client(&self) -> spark_client::Client {
-        spark_client::Client::connect(&self.path).await.expect("client connects")
+        spark_client::Client::connect(&self.path)
+            .await
+            .expect("client connects")
     }
 }
 
@@ -111,7 +133,9 @@ pub struct Raw {
 impl Raw {
     pub async fn connect(path: &Path) -> Self {
         let stream = UnixStream::connect(path).await.expect("connect");
-        Self { framed: Framed::new(stream, MessageCodec::new(64 << 20)) }
+        Self {
+            framed: Framed::new(stream, MessageCodec::new(64 << 20)),
+        }
     }
 
     pub async fn send(&mut self, message: &ClientMessage) {
@@ -150,14 +174,21 @@ impl Raw {
 }
 
 pub fn hello(major: u16, minor: u16) -> ClientMessage {
-    ClientMessage::Hello(Hello { major, minor, client: "server-tests".into() })
+    ClientMessage::Hello(Hello {
+        major,
+        minor,
+        client: "server-tests".into(),
+    })
 }
 
 pub fn request(id: u64, prompt: &str, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         id,
         model: None,
-        input: PromptInput::Raw { text: prompt.into(), special: false },
+        input: PromptInput::Raw {
+            text: prompt.into(),
+            special: false,
+        },
         sampling: SamplingParams::default(),
         max_tokens: Some(max_tokens),
         stop: Vec::new(),

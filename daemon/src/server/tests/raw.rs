@@ -36,7 +36,8 @@ async fn read_generation(raw: &mut Raw, id: u64) -> (Vec<u32>, spark_client::pro
 /// The server is still healthy: a fresh connection completes a generation.
 async fn assert_still_serving(server: &TestServer) {
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(1, "again", 2))).await;
+    raw.send(&ClientMessage::Generate(request(1, "again", 2)))
+        .await;
     let (tokens, done) = read_generation(&mut raw, 1).await;
     assert_eq!(tokens, vec![0, 1]);
     assert_eq!(done.finish_reason, FinishReason::Length);
@@ -47,11 +48,18 @@ async fn handshake_then_generation_streams_tokens_then_done() {
     let server = TestServer::start(FakeEngine::new(Duration::from_millis(1))).await;
     let mut raw = server.raw().await;
     let welcome = raw.hello().await;
-    assert_eq!((welcome.major, welcome.minor), (PROTOCOL_MAJOR, PROTOCOL_MINOR));
+    assert_eq!(
+        (welcome.major, welcome.minor),
+        (PROTOCOL_MAJOR, PROTOCOL_MINOR)
+    );
     assert_eq!(welcome.daemon_version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(welcome.max_frame_bytes as usize, spark_client::protocol::DEFAULT_MAX_FRAME_BYTES);
+    assert_eq!(
+        welcome.max_frame_bytes as usize,
+        spark_client::protocol::DEFAULT_MAX_FRAME_BYTES
+    );
 
-    raw.send(&ClientMessage::Generate(request(42, "hi", 4))).await;
+    raw.send(&ClientMessage::Generate(request(42, "hi", 4)))
+        .await;
     let (tokens, done) = read_generation(&mut raw, 42).await;
     assert_eq!(tokens, vec![0, 1, 2, 3]);
     assert_eq!(done.usage.completion_tokens, 4);
@@ -72,7 +80,8 @@ async fn generations_on_one_connection_interleave_and_each_ends_with_done() {
     let server = TestServer::start(FakeEngine::new(Duration::from_millis(2))).await;
     let mut raw = server.raw_welcomed().await;
     for id in 1..=3 {
-        raw.send(&ClientMessage::Generate(request(id, "hi", 5 * id as u32))).await;
+        raw.send(&ClientMessage::Generate(request(id, "hi", 5 * id as u32)))
+            .await;
     }
     let mut tokens = [0u32; 4];
     let mut done = [false; 4];
@@ -80,7 +89,11 @@ async fn generations_on_one_connection_interleave_and_each_ends_with_done() {
         match raw.recv().await {
             Some(ServerMessage::Token(t)) => {
                 assert!(!done[t.id as usize], "token after Done for {}", t.id);
-                assert_eq!(t.token, tokens[t.id as usize], "tokens of {} in order", t.id);
+                assert_eq!(
+                    t.token, tokens[t.id as usize],
+                    "tokens of {} in order",
+                    t.id
+                );
                 tokens[t.id as usize] += 1;
             }
             Some(ServerMessage::Done(d)) => {
@@ -98,12 +111,17 @@ async fn generations_on_one_connection_interleave_and_each_ends_with_done() {
 async fn cancel_ends_the_generation_with_cancelled() {
     let server = TestServer::start(FakeEngine::new(Duration::from_millis(20))).await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(7, "hi", 1000))).await;
+    raw.send(&ClientMessage::Generate(request(7, "hi", 1000)))
+        .await;
     assert!(matches!(raw.recv().await, Some(ServerMessage::Token(_))));
     raw.send(&ClientMessage::Cancel { id: 7 }).await;
     let (tokens, done) = read_generation(&mut raw, 7).await;
     assert_eq!(done.finish_reason, FinishReason::Cancelled);
-    assert!(tokens.len() < 100, "cancel took effect late: {} more tokens", tokens.len());
+    assert!(
+        tokens.len() < 100,
+        "cancel took effect late: {} more tokens",
+        tokens.len()
+    );
     let cancels = server.engine.cancels();
     assert_eq!(cancels.len(), 1);
     assert_eq!((cancels[0].1, cancels[0].2), (7, FinishReason::Cancelled));
@@ -115,7 +133,10 @@ async fn cancel_of_an_unknown_id_is_ignored() {
     let mut raw = server.raw_welcomed().await;
     raw.send(&ClientMessage::Cancel { id: 99 }).await;
     raw.send(&ClientMessage::Status { id: 1 }).await;
-    assert!(matches!(raw.recv().await, Some(ServerMessage::Status { id: 1, .. })));
+    assert!(matches!(
+        raw.recv().await,
+        Some(ServerMessage::Status { id: 1, .. })
+    ));
     assert!(server.engine.cancels().is_empty());
 }
 
@@ -123,8 +144,10 @@ async fn cancel_of_an_unknown_id_is_ignored() {
 async fn duplicate_running_id_is_refused_and_the_original_continues() {
     let server = TestServer::start(FakeEngine::new(Duration::from_millis(10))).await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(5, "hi", 10))).await;
-    raw.send(&ClientMessage::Generate(request(5, "hi", 10))).await;
+    raw.send(&ClientMessage::Generate(request(5, "hi", 10)))
+        .await;
+    raw.send(&ClientMessage::Generate(request(5, "hi", 10)))
+        .await;
     let mut tokens = 0;
     let mut refused = false;
     loop {
@@ -146,7 +169,8 @@ async fn duplicate_running_id_is_refused_and_the_original_continues() {
     assert_eq!(server.engine.submissions().len(), 1);
 
     // Once Done has passed, the id is free again.
-    raw.send(&ClientMessage::Generate(request(5, "hi", 1))).await;
+    raw.send(&ClientMessage::Generate(request(5, "hi", 1)))
+        .await;
     let (tokens, _) = read_generation(&mut raw, 5).await;
     assert_eq!(tokens.len(), 1);
 }
@@ -155,16 +179,21 @@ async fn duplicate_running_id_is_refused_and_the_original_continues() {
 async fn rejected_generation_gets_an_error_with_its_id_and_no_done() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(3, BUSY_PROMPT, 5))).await;
+    raw.send(&ClientMessage::Generate(request(3, BUSY_PROMPT, 5)))
+        .await;
     raw.send(&ClientMessage::Status { id: 4 }).await;
     match raw.recv().await {
         Some(ServerMessage::Error(e)) => assert_eq!((e.id, e.kind), (Some(3), ErrorKind::Busy)),
         other => panic!("expected Busy, got {other:?}"),
     }
     // The next frame is the status reply: no Done for the rejected request.
-    assert!(matches!(raw.recv().await, Some(ServerMessage::Status { id: 4, .. })));
+    assert!(matches!(
+        raw.recv().await,
+        Some(ServerMessage::Status { id: 4, .. })
+    ));
     // A rejected id was never running, so it can be used again.
-    raw.send(&ClientMessage::Generate(request(3, "fine", 1))).await;
+    raw.send(&ClientMessage::Generate(request(3, "fine", 1)))
+        .await;
     assert_eq!(read_generation(&mut raw, 3).await.0.len(), 1);
 }
 
@@ -172,14 +201,17 @@ async fn rejected_generation_gets_an_error_with_its_id_and_no_done() {
 async fn engine_failure_sends_error_then_done() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(8, FAIL_PROMPT, 5))).await;
+    raw.send(&ClientMessage::Generate(request(8, FAIL_PROMPT, 5)))
+        .await;
     assert!(matches!(raw.recv().await, Some(ServerMessage::Token(_))));
     match raw.recv().await {
         Some(ServerMessage::Error(e)) => assert_eq!((e.id, e.kind), (Some(8), ErrorKind::Engine)),
         other => panic!("expected Error, got {other:?}"),
     }
     match raw.recv().await {
-        Some(ServerMessage::Done(d)) => assert_eq!((d.id, d.finish_reason), (8, FinishReason::Error)),
+        Some(ServerMessage::Done(d)) => {
+            assert_eq!((d.id, d.finish_reason), (8, FinishReason::Error))
+        }
         other => panic!("expected Done, got {other:?}"),
     }
 }
@@ -188,11 +220,20 @@ async fn engine_failure_sends_error_then_done() {
 async fn queries_are_answered_with_their_ids() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(1, "hi", 2))).await;
+    raw.send(&ClientMessage::Generate(request(1, "hi", 2)))
+        .await;
     read_generation(&mut raw, 1).await;
-    wait_until("the job to be recorded", || server.engine.finished().len() == 1).await;
+    wait_until("the job to be recorded", || {
+        server.engine.finished().len() == 1
+    })
+    .await;
 
-    raw.send(&ClientMessage::Tokenize { id: 10, text: "a b c".into(), special: false }).await;
+    raw.send(&ClientMessage::Tokenize {
+        id: 10,
+        text: "a b c".into(),
+        special: false,
+    })
+    .await;
     match raw.recv().await {
         Some(ServerMessage::Tokens { id: 10, tokens }) => {
             let pieces: Vec<_> = tokens.iter().map(|t| t.piece.as_str()).collect();
@@ -200,9 +241,16 @@ async fn queries_are_answered_with_their_ids() {
         }
         other => panic!("expected Tokens, got {other:?}"),
     }
-    raw.send(&ClientMessage::Tokenize { id: 11, text: String::new(), special: false }).await;
+    raw.send(&ClientMessage::Tokenize {
+        id: 11,
+        text: String::new(),
+        special: false,
+    })
+    .await;
     match raw.recv().await {
-        Some(ServerMessage::Error(e)) => assert_eq!((e.id, e.kind), (Some(11), ErrorKind::InvalidRequest)),
+        Some(ServerMessage::Error(e)) => {
+            assert_eq!((e.id, e.kind), (Some(11), ErrorKind::InvalidRequest))
+        }
         other => panic!("expected an error for id 11, got {other:?}"),
     }
     raw.send(&ClientMessage::Status { id: 12 }).await;
@@ -219,23 +267,35 @@ async fn queries_are_answered_with_their_ids() {
         other => panic!("expected Jobs, got {other:?}"),
     }
     raw.send(&ClientMessage::Jobs { id: 14, limit: 0 }).await;
-    assert!(matches!(raw.recv().await, Some(ServerMessage::Jobs { id: 14, jobs }) if jobs.is_empty()));
+    assert!(
+        matches!(raw.recv().await, Some(ServerMessage::Jobs { id: 14, jobs }) if jobs.is_empty())
+    );
     raw.send(&ClientMessage::Models { id: 15 }).await;
-    assert!(matches!(raw.recv().await, Some(ServerMessage::Models { id: 15, models }) if models.len() == 1));
+    assert!(
+        matches!(raw.recv().await, Some(ServerMessage::Models { id: 15, models }) if models.len() == 1)
+    );
 }
 
 #[tokio::test]
 async fn disconnect_mid_stream_cancels_the_connections_generations() {
     let server = TestServer::start(FakeEngine::new(Duration::from_millis(10))).await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(1, "hi", 10_000))).await;
-    raw.send(&ClientMessage::Generate(request(2, "hi", 10_000))).await;
+    raw.send(&ClientMessage::Generate(request(1, "hi", 10_000)))
+        .await;
+    raw.send(&ClientMessage::Generate(request(2, "hi", 10_000)))
+        .await;
     assert!(matches!(raw.recv().await, Some(ServerMessage::Token(_))));
     let conn = server.engine.submissions()[0].0;
     drop(raw);
 
-    wait_until("cancel_connection", || server.engine.connection_cancels() == vec![conn]).await;
-    wait_until("both generations to end", || server.engine.finished().len() == 2).await;
+    wait_until("cancel_connection", || {
+        server.engine.connection_cancels() == vec![conn]
+    })
+    .await;
+    wait_until("both generations to end", || {
+        server.engine.finished().len() == 2
+    })
+    .await;
     for (_, reason, sent) in server.engine.finished() {
         assert_eq!(reason, FinishReason::Disconnected);
         assert!(sent < 10_000);
@@ -247,7 +307,8 @@ async fn disconnect_mid_stream_cancels_the_connections_generations() {
 async fn idle_disconnect_does_not_bother_the_engine() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
     let mut raw = server.raw_welcomed().await;
-    raw.send(&ClientMessage::Generate(request(1, "hi", 1))).await;
+    raw.send(&ClientMessage::Generate(request(1, "hi", 1)))
+        .await;
     read_generation(&mut raw, 1).await;
     drop(raw);
     assert_still_serving(&server).await;
@@ -279,13 +340,25 @@ async fn malformed_first_frame_gets_bad_frame() {
 
 #[tokio::test]
 async fn oversized_frame_gets_frame_too_large_and_close() {
-    let server = TestServer::start_with(FakeEngine::new(Duration::ZERO), |c| c.max_frame_bytes = 1024).await;
+    let server = TestServer::start_with(FakeEngine::new(Duration::ZERO), |c| {
+        c.max_frame_bytes = 1024
+    })
+    .await;
     let mut raw = server.raw().await;
     assert_eq!(raw.hello().await.max_frame_bytes, 1024);
-    raw.send(&ClientMessage::Tokenize { id: 1, text: "x".repeat(2000), special: false }).await;
+    raw.send(&ClientMessage::Tokenize {
+        id: 1,
+        text: "x".repeat(2000),
+        special: false,
+    })
+    .await;
     let error = connection_error(raw.recv().await);
     assert_eq!(error.kind, ErrorKind::FrameTooLarge);
-    assert!(error.message.contains("1024"), "message names the limit: {}", error.message);
+    assert!(
+        error.message.contains("1024"),
+        "message names the limit: {}",
+        error.message
+    );
     raw.expect_closed().await;
     assert_still_serving(&server).await;
 }
@@ -296,7 +369,10 @@ async fn oversized_header_is_refused_before_its_payload_arrives() {
     let mut raw = server.raw_welcomed().await;
     // Announce 4 GiB and send nothing more: the daemon must not wait for (or allocate) it.
     raw.send_bytes(&u32::MAX.to_be_bytes()).await;
-    assert_eq!(connection_error(raw.recv().await).kind, ErrorKind::FrameTooLarge);
+    assert_eq!(
+        connection_error(raw.recv().await).kind,
+        ErrorKind::FrameTooLarge
+    );
     raw.expect_closed().await;
 }
 
@@ -309,7 +385,11 @@ async fn wrong_major_version_is_refused_naming_both_versions() {
     assert_eq!(error.kind, ErrorKind::VersionMismatch);
     let theirs = format!("{}.7", PROTOCOL_MAJOR + 1);
     let ours = format!("{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}");
-    assert!(error.message.contains(&theirs) && error.message.contains(&ours), "{}", error.message);
+    assert!(
+        error.message.contains(&theirs) && error.message.contains(&ours),
+        "{}",
+        error.message
+    );
     raw.expect_closed().await;
     assert_still_serving(&server).await;
 }
@@ -326,8 +406,12 @@ async fn newer_minor_version_is_welcome() {
 async fn first_message_other_than_hello_is_a_handshake_error() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
     let mut raw = server.raw().await;
-    raw.send(&ClientMessage::Generate(request(1, "hi", 1))).await;
-    assert_eq!(connection_error(raw.recv().await).kind, ErrorKind::Handshake);
+    raw.send(&ClientMessage::Generate(request(1, "hi", 1)))
+        .await;
+    assert_eq!(
+        connection_error(raw.recv().await).kind,
+        ErrorKind::Handshake
+    );
     raw.expect_closed().await;
     assert!(server.engine.submissions().is_empty());
     assert_still_serving(&server).await;
@@ -338,7 +422,10 @@ async fn second_hello_is_a_handshake_error() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
     let mut raw = server.raw_welcomed().await;
     raw.send(&hello(PROTOCOL_MAJOR, PROTOCOL_MINOR)).await;
-    assert_eq!(connection_error(raw.recv().await).kind, ErrorKind::Handshake);
+    assert_eq!(
+        connection_error(raw.recv().await).kind,
+        ErrorKind::Handshake
+    );
     raw.expect_closed().await;
 }
 
@@ -349,7 +436,10 @@ async fn silent_client_times_out_of_the_handshake() {
     })
     .await;
     let mut raw = server.raw().await;
-    assert_eq!(connection_error(raw.recv().await).kind, ErrorKind::Handshake);
+    assert_eq!(
+        connection_error(raw.recv().await).kind,
+        ErrorKind::Handshake
+    );
     raw.expect_closed().await;
 }
 
@@ -366,5 +456,8 @@ async fn partial_frames_are_reassembled() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert!(matches!(raw.recv().await, Some(ServerMessage::Welcome(_))));
-    assert!(matches!(raw.recv().await, Some(ServerMessage::Status { id: 9, .. })));
+    assert!(matches!(
+        raw.recv().await,
+        Some(ServerMessage::Status { id: 9, .. })
+    ));
 }
