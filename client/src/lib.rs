@@ -31,6 +31,7 @@ pub mod codec;
 mod error;
 mod generation;
 pub mod models;
+pub mod openai;
 pub mod protocol;
 mod socket_path;
 

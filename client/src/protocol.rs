@@ -24,7 +24,9 @@ pub enum ClientMessage {
     /// Starts a generation; its events carry the same `id`.
     Generate(GenerateRequest),
     /// Stops a running or queued generation. The stream still ends with a `Done`.
-    Cancel { id: u64 },
+    Cancel {
+        id: u64,
+    },
     /// Turns text into token ids with the loaded model's tokenizer.
     Tokenize {
         id: u64,
@@ -32,10 +34,17 @@ pub enum ClientMessage {
         /// Parse special tokens such as `<|im_start|>` in `text`.
         special: bool,
     },
-    Status { id: u64 },
+    Status {
+        id: u64,
+    },
     /// The most recent finished jobs, newest first, at most `limit`.
-    Jobs { id: u64, limit: u32 },
-    Models { id: u64 },
+    Jobs {
+        id: u64,
+        limit: u32,
+    },
+    Models {
+        id: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,10 +67,22 @@ pub enum ServerMessage {
     /// ends with `Done` when it had started); without, it concerns the connection, which
     /// the daemon closes after sending it.
     Error(ErrorEvent),
-    Tokens { id: u64, tokens: Vec<TokenPiece> },
-    Status { id: u64, status: StatusReport },
-    Jobs { id: u64, jobs: Vec<JobRecord> },
-    Models { id: u64, models: Vec<ModelInfo> },
+    Tokens {
+        id: u64,
+        tokens: Vec<TokenPiece>,
+    },
+    Status {
+        id: u64,
+        status: StatusReport,
+    },
+    Jobs {
+        id: u64,
+        jobs: Vec<JobRecord>,
+    },
+    Models {
+        id: u64,
+        models: Vec<ModelInfo>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,7 +128,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 

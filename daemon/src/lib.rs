@@ -2,9 +2,13 @@
 //! over a Unix socket, batching concurrent requests into shared forward steps.
 
 pub mod backend;
+pub mod bench;
+pub mod cli;
+pub mod daemon;
 pub mod engine;
 pub mod gguf;
 pub mod model;
+pub mod notify;
 pub mod quant;
 pub mod server;
 pub mod text;

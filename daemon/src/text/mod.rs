@@ -1,1 +1,26 @@
-//! Text in, text out: tokenizers from GGUF metadata, chat templates, sampling, stop strings.
+//! Text in, text out: tokenizers from GGUF metadata, streaming detokenization, chat
+//! templates, sampling and stop strings.
+
+mod bpe;
+mod error;
+mod fxhash;
+mod pretokenize;
+pub mod sampler;
+mod spec;
+mod special;
+mod spm;
+mod stop;
+mod stream;
+mod template;
+mod tokenizer;
+mod unicode;
+mod unicode_data;
+
+pub use error::TextError;
+pub use pretokenize::PreTokenizer;
+pub use sampler::Sampler;
+pub use spec::TokenizerSpec;
+pub use stop::{StopMatcher, StopOutput};
+pub use stream::StreamDecoder;
+pub use template::ChatTemplate;
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,54 @@
+//! The shim's view of the daemon: a small trait, so the HTTP layer can be tested with a fake.
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+
+use crate::protocol::{
+    DoneEvent, ErrorKind, GenerateRequest, JobRecord, ModelInfo, StatusReport, TokenEvent,
+};
+
+/// One event of a running generation, in the order the daemon sent them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendEvent {
+    Token(TokenEvent),
+    /// Always the last event of a generation that was admitted.
+    Done(DoneEvent),
+}
+
+/// A generation's events. Dropping it before its `Done` must cancel the generation in the
+/// daemon: the HTTP layer relies on that when a client goes away mid-stream.
+pub type EventStream = BoxStream<'static, Result<BackendEvent, BackendError>>;
+
+/// Why the daemon could not serve a call. Each variant maps to one HTTP status.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    /// The daemon is not running, or the connection to it broke.
+    #[error("the sparkd daemon is unavailable: {0}")]
+    Unavailable(String),
+    /// The daemon's queue is full.
+    #[error("the sparkd daemon is busy: {0}")]
+    Busy(String),
+    /// The daemon refused the request (`InvalidRequest`, `ContextOverflow`, `UnknownModel`...).
+    #[error("{message}")]
+    Rejected { kind: ErrorKind, message: String },
+    /// The engine failed while running the request.
+    #[error("engine error: {0}")]
+    Engine(String),
+    /// The daemon answered something this client does not understand (e.g. another
+    /// protocol major version).
+    #[error("unexpected answer from the sparkd daemon: {0}")]
+    Protocol(String),
+}
+
+/// What the OpenAI shim needs from the daemon.
+///
+/// Methods return boxed futures so the trait stays object safe (`Arc<dyn Backend>`).
+pub trait Backend: Send + Sync + 'static {
+    /// Starts a generation. The implementation chooses `req.id` (whatever the caller put
+    /// there is overwritten), because ids must be unique on the daemon connection.
+    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<EventStream, BackendError>>;
+    fn models(&self) -> BoxFuture<'_, Result<Vec<ModelInfo>, BackendError>>;
+    fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>>;
+    /// The most recent finished jobs, newest first, at most `limit`.
+    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>>;
+}

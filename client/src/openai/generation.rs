@@ -1,0 +1,339 @@
+//! Turns a generation's daemon events into an OpenAI answer: one JSON object, or an SSE
+//! stream of chunks that owns the event stream (so a client hanging up cancels the job).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, StreamExt};
+use rand::distributions::Alphanumeric;
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+
+use super::backend::{BackendError, BackendEvent, EventStream};
+use super::error::ApiError;
+use super::metrics::Metrics;
+use super::response::{
+    finish_reason, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs,
+    ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta, TextChoice,
+    TextCompletion, Usage,
+};
+use crate::protocol::{DoneEvent, TokenEvent};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// What every object of one answer repeats.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub include_usage: bool,
+    pub logprobs: bool,
+}
+
+impl ResponseMeta {
+    pub fn new(endpoint: Endpoint, model: String, include_usage: bool, logprobs: bool) -> Self {
+        let prefix = match endpoint {
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completion => "cmpl-",
+        };
+        let suffix: String = rand::thread_rng()
+            .sample_iter(&Alphanumeric)
+            .take(24)
+            .map(char::from)
+            .collect();
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self {
+            endpoint,
+            id: format!("{prefix}{suffix}"),
+            created,
+            model,
+            include_usage,
+            logprobs,
+        }
+    }
+
+    fn chat_chunk(&self, choices: Vec<ChunkChoice>, usage: ChunkUsage) -> ChatChunk {
+        ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn text_completion(&self, choices: Vec<TextChoice>, usage: ChunkUsage) -> TextCompletion {
+        TextCompletion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+}
+
+fn closed_early() -> ApiError {
+    ApiError::from(BackendError::Unavailable(
+        "the daemon connection closed before the generation ended".into(),
+    ))
+}
+
+fn engine_failed() -> ApiError {
+    ApiError::from(BackendError::Engine(
+        "the engine failed while generating".into(),
+    ))
+}
+
+/// Reads the whole generation and answers with one `chat.completion` / `text_completion`.
+pub async fn collect(
+    meta: ResponseMeta,
+    mut events: EventStream,
+    metrics: &Metrics,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut chat_logprobs = ChatLogprobs::default();
+    let mut completion_logprobs = CompletionLogprobs::default();
+    let done = loop {
+        match events.next().await {
+            Some(Ok(BackendEvent::Token(token))) => {
+                if meta.logprobs {
+                    match meta.endpoint {
+                        Endpoint::Chat => chat_logprobs
+                            .content
+                            .extend(ChatTokenLogprob::from_token(&token)),
+                        Endpoint::Completion => {
+                            completion_logprobs.push(&token, text.chars().count())
+                        }
+                    }
+                }
+                text.push_str(&token.text);
+            }
+            Some(Ok(BackendEvent::Done(done))) => break done,
+            Some(Err(err)) => return Err(err.into()),
+            None => return Err(closed_early()),
+        }
+    };
+    metrics.record_done(&done);
+    let reason = finish_reason(done.finish_reason).ok_or_else(engine_failed)?;
+    let usage = Usage::from_done(&done);
+    let body = match meta.endpoint {
+        Endpoint::Chat => Json(ChatCompletion {
+            id: meta.id,
+            object: "chat.completion",
+            created: meta.created,
+            model: meta.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: text,
+                    refusal: None,
+                },
+                logprobs: meta.logprobs.then_some(chat_logprobs),
+                finish_reason: reason,
+            }],
+            usage,
+        })
+        .into_response(),
+        Endpoint::Completion => Json(TextCompletion {
+            choices: vec![TextChoice {
+                text,
+                index: 0,
+                logprobs: meta.logprobs.then_some(completion_logprobs),
+                finish_reason: Some(reason),
+            }],
+            ..meta.text_completion(Vec::new(), ChunkUsage::Final(usage))
+        })
+        .into_response(),
+    };
+    Ok(body)
+}
+
+/// Answers with an SSE stream. The returned body owns `events`: when hyper drops the body
+/// (client gone) or `shutdown` fires, the event stream is dropped and the daemon cancels.
+pub fn stream(
+    meta: ResponseMeta,
+    events: EventStream,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Response {
+    let state = StreamState {
+        meta,
+        events,
+        metrics,
+        started: false,
+        finished: false,
+        chars: 0,
+    };
+    let body = stream::unfold(state, |mut state| async move {
+        let batch = state.next_batch().await?;
+        Some((stream::iter(batch), state))
+    })
+    .flatten()
+    .map(Ok::<_, Infallible>)
+    .take_until(shutdown.cancelled_owned());
+    Sse::new(body)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+struct StreamState {
+    meta: ResponseMeta,
+    events: EventStream,
+    metrics: Arc<Metrics>,
+    started: bool,
+    finished: bool,
+    /// Characters sent so far (completions' `text_offset`).
+    chars: usize,
+}
+
+impl StreamState {
+    /// The SSE events for the next daemon event; `None` once the stream has ended.
+    async fn next_batch(&mut self) -> Option<Vec<Event>> {
+        if self.finished {
+            return None;
+        }
+        let mut out = Vec::new();
+        if !self.started {
+            self.started = true;
+            // OpenAI's first chat chunk announces the role with empty content.
+            if self.meta.endpoint == Endpoint::Chat {
+                let delta = Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                };
+                out.push(self.chat_event(delta, None, None));
+            }
+        }
+        match self.events.next().await {
+            Some(Ok(BackendEvent::Token(token))) => out.extend(self.token_event(&token)),
+            Some(Ok(BackendEvent::Done(done))) => {
+                self.finished = true;
+                self.done_events(&done, &mut out);
+            }
+            Some(Err(err)) => {
+                self.finished = true;
+                out.push(self.error_event(err.into()));
+            }
+            None => {
+                self.finished = true;
+                out.push(self.error_event(closed_early()));
+            }
+        }
+        Some(out)
+    }
+
+    fn token_event(&mut self, token: &TokenEvent) -> Option<Event> {
+        // A token that only holds part of a UTF-8 character has no text yet; without
+        // logprobs there is nothing to say about it.
+        if token.text.is_empty() && !self.meta.logprobs {
+            return None;
+        }
+        let offset = self.chars;
+        self.chars += token.text.chars().count();
+        match self.meta.endpoint {
+            Endpoint::Chat => {
+                let logprobs = if self.meta.logprobs {
+                    Some(ChatLogprobs {
+                        content: ChatTokenLogprob::from_token(token).into_iter().collect(),
+                        refusal: None,
+                    })
+                } else {
+                    None
+                };
+                let delta = Delta {
+                    role: None,
+                    content: Some(token.text.clone()),
+                };
+                Some(self.chat_event(delta, logprobs, None))
+            }
+            Endpoint::Completion => {
+                let logprobs = self.meta.logprobs.then(|| {
+                    let mut lps = CompletionLogprobs::default();
+                    lps.push(token, offset);
+                    lps
+                });
+                Some(self.text_event(token.text.clone(), logprobs, None))
+            }
+        }
+    }
+
+    fn done_events(&mut self, done: &DoneEvent, out: &mut Vec<Event>) {
+        self.metrics.record_done(done);
+        let Some(reason) = finish_reason(done.finish_reason) else {
+            out.push(self.error_event(engine_failed()));
+            return;
+        };
+        out.push(match self.meta.endpoint {
+            Endpoint::Chat => self.chat_event(Delta::default(), None, Some(reason)),
+            Endpoint::Completion => self.text_event(String::new(), None, Some(reason)),
+        });
+        if self.meta.include_usage {
+            let usage = ChunkUsage::Final(Usage::from_done(done));
+            out.push(match self.meta.endpoint {
+                Endpoint::Chat => json_event(&self.meta.chat_chunk(Vec::new(), usage)),
+                Endpoint::Completion => json_event(&self.meta.text_completion(Vec::new(), usage)),
+            });
+        }
+        out.push(Event::default().data("[DONE]"));
+    }
+
+    fn chat_event(
+        &self,
+        delta: Delta,
+        logprobs: Option<ChatLogprobs>,
+        finish_reason: Option<&'static str>,
+    ) -> Event {
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs,
+            finish_reason,
+        };
+        let usage = ChunkUsage::pending(self.meta.include_usage);
+        json_event(&self.meta.chat_chunk(vec![choice], usage))
+    }
+
+    fn text_event(
+        &self,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish_reason: Option<&'static str>,
+    ) -> Event {
+        let choice = TextChoice {
+            text,
+            index: 0,
+            logprobs,
+            finish_reason,
+        };
+        let usage = ChunkUsage::pending(self.meta.include_usage);
+        json_event(&self.meta.text_completion(vec![choice], usage))
+    }
+
+    /// OpenAI's mid-stream error: a `data:` event holding `{"error": ...}`. The OpenAI SDKs
+    /// raise it as an API error.
+    fn error_event(&self, err: ApiError) -> Event {
+        self.metrics.record_error(err.metric);
+        Event::default().data(err.body_json())
+    }
+}
+
+fn json_event<T: serde::Serialize>(value: &T) -> Event {
+    // These types serialise infallibly (no maps with non-string keys, no custom impls).
+    Event::default().data(serde_json::to_string(value).unwrap_or_default())
+}

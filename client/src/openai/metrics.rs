@@ -1,0 +1,348 @@
+//! Counters and histograms for `GET /metrics`, rendered in the Prometheus text format.
+//!
+//! Hand-written rather than a metrics crate: a handful of series, one mutex, no global
+//! registry. Label values come from a fixed set (route patterns, error kinds), so series
+//! cannot grow without bound.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::protocol::{DoneEvent, StatusReport};
+
+/// Time to first token, seconds.
+const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Decode rate, tokens per second.
+const DECODE_TPS_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// (endpoint, HTTP status) -> count.
+    requests: BTreeMap<(String, u16), u64>,
+    errors: BTreeMap<&'static str, u64>,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    ttft_seconds: Histogram,
+    decode_tps: Histogram,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            requests: BTreeMap::new(),
+            errors: BTreeMap::new(),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            ttft_seconds: Histogram::new(TTFT_BUCKETS),
+            decode_tps: Histogram::new(DECODE_TPS_BUCKETS),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket, not cumulative; the last one is `+Inf`.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        let bucket = self
+            .bounds
+            .iter()
+            .position(|&b| value <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[bucket] += 1;
+        self.sum += value;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        header(out, name, "histogram", help);
+        let mut cumulative = 0;
+        for (i, count) in self.counts.iter().enumerate() {
+            cumulative += count;
+            let le = self
+                .bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+impl Metrics {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding this lock cannot leave counters inconsistent in a way that
+        // matters, so keep counting rather than poisoning every later request.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn record_request(&self, endpoint: &str, status: u16) {
+        *self
+            .lock()
+            .requests
+            .entry((endpoint.to_string(), status))
+            .or_insert(0) += 1;
+    }
+
+    pub fn record_error(&self, kind: &'static str) {
+        *self.lock().errors.entry(kind).or_insert(0) += 1;
+    }
+
+    /// Books one finished generation's counts and timings.
+    pub fn record_done(&self, done: &DoneEvent) {
+        let mut inner = self.lock();
+        inner.prompt_tokens += u64::from(done.usage.prompt_tokens);
+        inner.completion_tokens += u64::from(done.usage.completion_tokens);
+        if let Some(ttft_ms) = done.timings.ttft_ms {
+            inner.ttft_seconds.observe(ttft_ms / 1000.0);
+        }
+        if let Some(tps) = done.timings.decode_tps {
+            inner.decode_tps.observe(tps);
+        }
+    }
+
+    /// The exposition text; `status` is the daemon's answer at scrape time, if it answered.
+    pub fn render(&self, status: Option<&StatusReport>) -> String {
+        let inner = self.lock();
+        let mut out = String::new();
+
+        header(
+            &mut out,
+            "sparkd_openai_requests_total",
+            "counter",
+            "HTTP requests by endpoint and status.",
+        );
+        for ((endpoint, status), count) in &inner.requests {
+            let _ = writeln!(
+                out,
+                "sparkd_openai_requests_total{{endpoint=\"{}\",status=\"{status}\"}} {count}",
+                escape(endpoint)
+            );
+        }
+        header(
+            &mut out,
+            "sparkd_openai_errors_total",
+            "counter",
+            "Failed requests by error kind.",
+        );
+        for (kind, count) in &inner.errors {
+            let _ = writeln!(
+                out,
+                "sparkd_openai_errors_total{{kind=\"{}\"}} {count}",
+                escape(kind)
+            );
+        }
+        header(
+            &mut out,
+            "sparkd_openai_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished generations.",
+        );
+        let _ = writeln!(
+            out,
+            "sparkd_openai_prompt_tokens_total {}",
+            inner.prompt_tokens
+        );
+        header(
+            &mut out,
+            "sparkd_openai_completion_tokens_total",
+            "counter",
+            "Generated tokens of finished generations.",
+        );
+        let _ = writeln!(
+            out,
+            "sparkd_openai_completion_tokens_total {}",
+            inner.completion_tokens
+        );
+        inner.ttft_seconds.render(
+            &mut out,
+            "sparkd_openai_ttft_seconds",
+            "Time to first token, from the daemon's per-request timings.",
+        );
+        inner.decode_tps.render(
+            &mut out,
+            "sparkd_openai_decode_tokens_per_second",
+            "Decode rate per request, from the daemon's per-request timings.",
+        );
+
+        header(
+            &mut out,
+            "sparkd_up",
+            "gauge",
+            "1 when the daemon answered the status request of this scrape.",
+        );
+        let _ = writeln!(out, "sparkd_up {}", u8::from(status.is_some()));
+        if let Some(s) = status {
+            let gauges = [
+                (
+                    "sparkd_running_requests",
+                    "Generations in the running batch.",
+                    u64::from(s.running),
+                ),
+                (
+                    "sparkd_queued_requests",
+                    "Generations waiting for admission.",
+                    u64::from(s.queued),
+                ),
+                (
+                    "sparkd_kv_blocks_used",
+                    "KV-cache blocks in use.",
+                    u64::from(s.kv_blocks_used),
+                ),
+                (
+                    "sparkd_kv_blocks_total",
+                    "KV-cache blocks in all.",
+                    u64::from(s.kv_blocks_total),
+                ),
+            ];
+            for (name, help, value) in gauges {
+                header(&mut out, name, "gauge", help);
+                let _ = writeln!(out, "{name} {value}");
+            }
+        }
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Label-value escaping from the text format: backslash, quote and newline.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{FinishReason, Timings, Usage};
+
+    fn done(ttft_ms: f64, tps: f64) -> DoneEvent {
+        DoneEvent {
+            id: 1,
+            finish_reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4,
+            },
+            timings: Timings {
+                ttft_ms: Some(ttft_ms),
+                decode_tps: Some(tps),
+                ..Timings::default()
+            },
+        }
+    }
+
+    fn line_value(text: &str, prefix: &str) -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("{prefix} missing"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn histograms_are_cumulative() {
+        let m = Metrics::default();
+        m.record_done(&done(20.0, 30.0)); // 0.02 s, 30 tok/s
+        m.record_done(&done(700.0, 3000.0)); // 0.7 s, past the last rate bucket
+        let text = m.render(None);
+        assert_eq!(
+            line_value(&text, "sparkd_openai_ttft_seconds_bucket{le=\"0.01\"}"),
+            0.0
+        );
+        assert_eq!(
+            line_value(&text, "sparkd_openai_ttft_seconds_bucket{le=\"0.025\"}"),
+            1.0
+        );
+        assert_eq!(
+            line_value(&text, "sparkd_openai_ttft_seconds_bucket{le=\"1\"}"),
+            2.0
+        );
+        assert_eq!(
+            line_value(&text, "sparkd_openai_ttft_seconds_bucket{le=\"+Inf\"}"),
+            2.0
+        );
+        assert!((line_value(&text, "sparkd_openai_ttft_seconds_sum") - 0.72).abs() < 1e-9);
+        assert_eq!(
+            line_value(
+                &text,
+                "sparkd_openai_decode_tokens_per_second_bucket{le=\"1000\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            line_value(&text, "sparkd_openai_decode_tokens_per_second_count"),
+            2.0
+        );
+        assert_eq!(
+            line_value(&text, "sparkd_openai_completion_tokens_total"),
+            8.0
+        );
+        assert_eq!(line_value(&text, "sparkd_up"), 0.0);
+    }
+
+    #[test]
+    fn requests_and_errors_are_labelled() {
+        let m = Metrics::default();
+        m.record_request("/v1/models", 200);
+        m.record_request("/v1/models", 200);
+        m.record_request("/v1/chat/completions", 429);
+        m.record_error("busy");
+        let text = m.render(None);
+        assert_eq!(
+            line_value(
+                &text,
+                "sparkd_openai_requests_total{endpoint=\"/v1/models\",status=\"200\"}"
+            ),
+            2.0
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                "sparkd_openai_requests_total{endpoint=\"/v1/chat/completions\",status=\"429\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            line_value(&text, "sparkd_openai_errors_total{kind=\"busy\"}"),
+            1.0
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,453 @@
+//! OpenAI request bodies: lenient parsing (unknown fields ignored), strict validation,
+//! and translation into the daemon's `GenerateRequest`.
+//!
+//! A body is parsed twice from one `serde_json::Value`: once for the fields both endpoints
+//! share and once for the endpoint's own fields. That keeps each struct flat, which keeps
+//! the error paths that `serde_path_to_error` reports exact (`messages[1].content`).
+
+use std::collections::HashMap;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use crate::protocol::{ChatMessage, GenerateRequest, PromptInput, SamplingParams};
+
+/// The daemon's cap on alternatives per token.
+const MAX_TOP_LOGPROBS: u32 = 20;
+/// More stop strings than this is a mistake, not a use case (OpenAI allows 4).
+const MAX_STOP_STRINGS: usize = 16;
+
+/// A validated request, ready for the daemon.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedRequest {
+    /// The model the caller named; `None` means the daemon's loaded model.
+    pub model: Option<String>,
+    /// `id` is left at 0: the backend assigns it.
+    pub generate: GenerateRequest,
+    pub stream: bool,
+    /// `stream_options.include_usage`: send a final usage chunk.
+    pub include_usage: bool,
+}
+
+/// Fields shared by `/v1/chat/completions` and `/v1/completions`.
+#[derive(Debug, Default, Deserialize)]
+struct CommonFields {
+    model: Option<String>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<Seed>,
+    stop: Option<Stop>,
+    logit_bias: Option<HashMap<String, f32>>,
+    n: Option<u32>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "an integer")]
+enum Seed {
+    Unsigned(u64),
+    Signed(i64),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or an array of strings")]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatFields {
+    messages: Vec<MessageIn>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u32>,
+    tools: Option<Vec<Value>>,
+    response_format: Option<ResponseFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageIn {
+    role: String,
+    content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or an array of content parts")]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResponseFormat {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionFields {
+    prompt: Prompt,
+    logprobs: Option<u32>,
+    echo: Option<bool>,
+    suffix: Option<String>,
+    best_of: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or an array of one string")]
+enum Prompt {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Parses and validates a `/v1/chat/completions` body.
+pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    let value = parse_object(body)?;
+    let common: CommonFields = from_value(&value)?;
+    let chat: ChatFields = from_value(&value)?;
+
+    if let Some(tools) = &chat.tools {
+        if !tools.is_empty() {
+            return Err(ApiError::unsupported(
+                "tools",
+                "tool calling is not supported",
+            ));
+        }
+    }
+    if let Some(format) = &chat.response_format {
+        if format.kind != "text" {
+            return Err(ApiError::unsupported(
+                "response_format",
+                format!("response_format type '{}' is not supported", format.kind),
+            ));
+        }
+    }
+    let logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs".to_string(),
+                "logprobs must be true when top_logprobs is set",
+            ))
+        }
+        (false, None) => None,
+        (true, top) => Some(top_logprobs(top.unwrap_or(0), "top_logprobs")?),
+    };
+    if chat.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages".to_string(),
+            "messages must hold at least one message",
+        ));
+    }
+    let messages = chat
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| chat_message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    build(common, PromptInput::Chat { messages }, logprobs)
+}
+
+/// Parses and validates a `/v1/completions` body. The prompt is used raw (no template).
+pub fn parse_completion(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    let value = parse_object(body)?;
+    let common: CommonFields = from_value(&value)?;
+    let completion: CompletionFields = from_value(&value)?;
+
+    if completion.echo == Some(true) {
+        return Err(ApiError::unsupported("echo", "echo is not supported"));
+    }
+    if completion.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::unsupported("suffix", "suffix is not supported"));
+    }
+    if completion.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::unsupported(
+            "best_of",
+            "only best_of=1 is supported",
+        ));
+    }
+    let text = match completion.prompt {
+        Prompt::One(text) => text,
+        Prompt::Many(mut texts) if texts.len() == 1 => texts.swap_remove(0),
+        Prompt::Many(_) => {
+            return Err(ApiError::unsupported(
+                "prompt",
+                "exactly one prompt is supported",
+            ))
+        }
+    };
+    let logprobs = completion
+        .logprobs
+        .map(|n| top_logprobs(n, "logprobs"))
+        .transpose()?;
+    // Special-token text in a raw prompt is parsed, so a caller can write its own template.
+    build(
+        common,
+        PromptInput::Raw {
+            text,
+            special: true,
+        },
+        logprobs,
+    )
+}
+
+fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_json(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_json("the request body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// Deserialises with the failing field's path as OpenAI's `param`.
+fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        let message = err.into_inner().to_string();
+        // serde reports a missing field at its parent's path; name the field itself.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(field, _)| field);
+        let param = match (path.as_str(), missing) {
+            (".", Some(field)) => field.to_string(),
+            (_, Some(field)) => format!("{path}.{field}"),
+            (_, None) => path,
+        };
+        if param == "." {
+            ApiError::invalid(None, message)
+        } else {
+            ApiError::invalid(
+                param.clone(),
+                format!("invalid value for '{param}': {message}"),
+            )
+        }
+    })
+}
+
+fn top_logprobs(n: u32, param: &str) -> Result<u8, ApiError> {
+    if n > MAX_TOP_LOGPROBS {
+        return Err(ApiError::invalid(
+            param.to_string(),
+            format!("{param} must be at most {MAX_TOP_LOGPROBS}, got {n}"),
+        ));
+    }
+    // Checked above: n <= 20 fits a u8.
+    Ok(n as u8)
+}
+
+fn chat_message(index: usize, message: MessageIn) -> Result<ChatMessage, ApiError> {
+    let role = match message.role.as_str() {
+        // OpenAI's newer name for the system role; chat templates only know `system`.
+        "developer" => "system".to_string(),
+        "" => {
+            return Err(ApiError::invalid(
+                format!("messages[{index}].role"),
+                "role must not be empty",
+            ))
+        }
+        other => other.to_string(),
+    };
+    let content = match message.content {
+        // Assistant messages that only carried tool calls have no content.
+        None => String::new(),
+        Some(Content::Text(text)) => text,
+        Some(Content::Parts(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (p, part) in parts.into_iter().enumerate() {
+                let param = format!("messages[{index}].content[{p}]");
+                match (part.kind.as_str(), part.text) {
+                    ("text", Some(text)) => texts.push(text),
+                    ("text", None) => {
+                        return Err(ApiError::invalid(
+                            format!("{param}.text"),
+                            "a text content part needs a 'text' field",
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(ApiError::unsupported(
+                            &format!("{param}.type"),
+                            format!("content parts of type '{other}' are not supported"),
+                        ))
+                    }
+                }
+            }
+            texts.join("\n")
+        }
+    };
+    Ok(ChatMessage { role, content })
+}
+
+fn build(
+    common: CommonFields,
+    input: PromptInput,
+    logprobs: Option<u8>,
+) -> Result<ParsedRequest, ApiError> {
+    if let Some(n) = common.n {
+        if n != 1 {
+            return Err(ApiError::unsupported(
+                "n",
+                format!("only n=1 is supported, got {n}"),
+            ));
+        }
+    }
+    // The newer name wins when a client sends both.
+    let max_tokens = common.max_completion_tokens.or(common.max_tokens);
+    if max_tokens == Some(0) {
+        let param = if common.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        return Err(ApiError::invalid(
+            param.to_string(),
+            format!("{param} must be at least 1"),
+        ));
+    }
+    let sampling = sampling(&common)?;
+    let model = common.model.filter(|m| !m.is_empty());
+    let stream = common.stream.unwrap_or(false);
+    // Like OpenAI, usage chunks exist only in streams.
+    let include_usage = stream
+        && common
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+    let generate = GenerateRequest {
+        id: 0,
+        model: model.clone(),
+        input,
+        sampling,
+        max_tokens,
+        stop: stop_strings(common.stop)?,
+        logprobs,
+    };
+    Ok(ParsedRequest {
+        model,
+        generate,
+        stream,
+        include_usage,
+    })
+}
+
+fn sampling(common: &CommonFields) -> Result<SamplingParams, ApiError> {
+    let mut params = SamplingParams::default();
+    if let Some(t) = common.temperature {
+        params.temperature = in_range("temperature", t, 0.0, 2.0)?;
+    }
+    // Nucleus sampling with p = 0 keeps only the most likely token; the daemon wants p in
+    // (0, 1], so that case is said with top_k = 1 instead.
+    let mut nucleus_is_greedy = false;
+    if let Some(p) = common.top_p {
+        let p = in_range("top_p", p, 0.0, 1.0)?;
+        if p == 0.0 {
+            nucleus_is_greedy = true;
+        } else {
+            params.top_p = p;
+        }
+    }
+    let top_k = match common.top_k {
+        // -1 is the common "disabled" spelling (vLLM, llama.cpp).
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "top_k".to_string(),
+                "top_k must be >= -1",
+            ))
+        }
+    };
+    params.top_k = if nucleus_is_greedy { 1 } else { top_k };
+    if let Some(m) = common.min_p {
+        params.min_p = in_range("min_p", m, 0.0, 1.0)?;
+    }
+    if let Some(p) = common.presence_penalty {
+        params.presence_penalty = in_range("presence_penalty", p, -2.0, 2.0)?;
+    }
+    if let Some(p) = common.frequency_penalty {
+        params.frequency_penalty = in_range("frequency_penalty", p, -2.0, 2.0)?;
+    }
+    if let Some(p) = common.repetition_penalty {
+        if !(p.is_finite() && p > 0.0) {
+            return Err(ApiError::invalid(
+                "repetition_penalty".to_string(),
+                "repetition_penalty must be > 0",
+            ));
+        }
+        params.repeat_penalty = p;
+    }
+    params.seed = common.seed.as_ref().map(|seed| match *seed {
+        Seed::Unsigned(s) => s,
+        // Any fixed mapping works: the point is that the same seed repeats.
+        Seed::Signed(s) => s as u64,
+    });
+    if let Some(bias) = &common.logit_bias {
+        let mut pairs = Vec::with_capacity(bias.len());
+        for (token, &value) in bias {
+            let param = format!("logit_bias.{token}");
+            let id: u32 = token.parse().map_err(|_| {
+                ApiError::invalid(param.clone(), format!("'{token}' is not a token id"))
+            })?;
+            pairs.push((id, in_range(&param, value, -100.0, 100.0)?));
+        }
+        // HashMap order is random; a sorted list keeps requests reproducible.
+        pairs.sort_by_key(|&(id, _)| id);
+        params.logit_bias = pairs;
+    }
+    Ok(params)
+}
+
+fn in_range(param: &str, value: f32, min: f32, max: f32) -> Result<f32, ApiError> {
+    if value.is_finite() && (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ApiError::invalid(
+            param.to_string(),
+            format!("{param} must be between {min} and {max}, got {value}"),
+        ))
+    }
+}
+
+fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stops = match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(list)) => list,
+    };
+    if stops.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            "stop".to_string(),
+            format!("at most {MAX_STOP_STRINGS} stop strings are supported"),
+        ));
+    }
+    // An empty stop string would end every generation at once; clients that send one
+    // mean "no stop string".
+    Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

@@ -1,0 +1,310 @@
+//! Tests of request parsing and validation.
+
+use super::*;
+use serde_json::json;
+
+fn chat(body: Value) -> Result<ParsedRequest, ApiError> {
+    parse_chat(body.to_string().as_bytes())
+}
+
+fn completion(body: Value) -> Result<ParsedRequest, ApiError> {
+    parse_completion(body.to_string().as_bytes())
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+fn param_of(result: Result<ParsedRequest, ApiError>) -> Option<String> {
+    let err = result.expect_err("expected a validation error");
+    assert_eq!(err.status, 400, "{err:?}");
+    err.param
+}
+
+#[test]
+fn minimal_chat_request_uses_daemon_defaults() {
+    let parsed = chat(json!({"model": "m", "messages": user("hi")})).unwrap();
+    assert_eq!(parsed.model.as_deref(), Some("m"));
+    assert!(!parsed.stream && !parsed.include_usage);
+    let g = parsed.generate;
+    assert_eq!(g.sampling, SamplingParams::default());
+    assert_eq!(g.max_tokens, None);
+    assert!(g.stop.is_empty());
+    assert_eq!(g.logprobs, None);
+    assert_eq!(
+        g.input,
+        PromptInput::Chat {
+            messages: vec![ChatMessage::new("user", "hi")]
+        }
+    );
+}
+
+#[test]
+fn all_sampling_fields_are_carried_over() {
+    let parsed = chat(json!({
+        "model": "m", "messages": user("hi"),
+        "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+        "seed": 42, "stop": ["\n\n", "END"], "logit_bias": {"17": -100, "3": 5.5},
+        "n": 1, "user": "someone", "some_future_field": {"x": 1},
+    }))
+    .unwrap();
+    let g = parsed.generate;
+    assert_eq!(g.max_tokens, Some(9));
+    let s = g.sampling;
+    assert_eq!(
+        (s.temperature, s.top_p, s.top_k, s.min_p),
+        (0.7, 0.9, 40, 0.05)
+    );
+    assert_eq!(
+        (s.presence_penalty, s.frequency_penalty, s.repeat_penalty),
+        (0.5, -0.5, 1.1)
+    );
+    assert_eq!(s.seed, Some(42));
+    assert_eq!(s.logit_bias, vec![(3, 5.5), (17, -100.0)]);
+    assert_eq!(g.stop, ["\n\n", "END"]);
+}
+
+#[test]
+fn max_completion_tokens_wins_over_max_tokens() {
+    let parsed = chat(json!({"messages": user("hi"), "max_tokens": 5, "max_completion_tokens": 7}));
+    assert_eq!(parsed.unwrap().generate.max_tokens, Some(7));
+}
+
+#[test]
+fn content_parts_are_joined_and_developer_becomes_system() {
+    let parsed = chat(json!({"messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": null},
+    ]}))
+    .unwrap();
+    let PromptInput::Chat { messages } = parsed.generate.input else {
+        panic!("not chat")
+    };
+    assert_eq!(
+        messages,
+        [
+            ChatMessage::new("system", "be brief"),
+            ChatMessage::new("user", "a\nb"),
+            ChatMessage::new("assistant", "")
+        ]
+    );
+}
+
+#[test]
+fn stream_options_only_count_when_streaming() {
+    let body = |stream| json!({"messages": user("x"), "stream": stream, "stream_options": {"include_usage": true}});
+    let streaming = chat(body(true)).unwrap();
+    assert!(streaming.stream && streaming.include_usage);
+    assert!(!chat(body(false)).unwrap().include_usage);
+}
+
+#[test]
+fn chat_logprobs_need_the_flag_and_a_small_top() {
+    let lp = |extra: Value| {
+        let mut body = json!({"messages": user("x")});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        chat(body)
+    };
+    assert_eq!(
+        lp(json!({"logprobs": true})).unwrap().generate.logprobs,
+        Some(0)
+    );
+    assert_eq!(
+        lp(json!({"logprobs": true, "top_logprobs": 3}))
+            .unwrap()
+            .generate
+            .logprobs,
+        Some(3)
+    );
+    assert_eq!(
+        lp(json!({"logprobs": false})).unwrap().generate.logprobs,
+        None
+    );
+    assert_eq!(
+        param_of(lp(json!({"top_logprobs": 3}))).as_deref(),
+        Some("top_logprobs")
+    );
+    assert_eq!(
+        param_of(lp(json!({"logprobs": true, "top_logprobs": 21}))).as_deref(),
+        Some("top_logprobs")
+    );
+}
+
+#[test]
+fn top_p_zero_means_greedy_via_top_k() {
+    let parsed = chat(json!({"messages": user("x"), "top_p": 0, "top_k": 50})).unwrap();
+    assert_eq!(
+        (
+            parsed.generate.sampling.top_p,
+            parsed.generate.sampling.top_k
+        ),
+        (1.0, 1)
+    );
+    let parsed = chat(json!({"messages": user("x"), "top_k": -1})).unwrap();
+    assert_eq!(parsed.generate.sampling.top_k, 0);
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    let cases = [
+        (json!({"messages": "hi"}), "messages"),
+        (
+            json!({"messages": user("x"), "temperature": "hot"}),
+            "temperature",
+        ),
+        (
+            json!({"messages": user("x"), "max_tokens": -3}),
+            "max_tokens",
+        ),
+        (json!({"messages": user("x"), "stream": "yes"}), "stream"),
+        (json!({"messages": user("x"), "stop": 5}), "stop"),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+        ),
+        (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
+        (
+            json!({"messages": user("x"), "logit_bias": {"1": "a"}}),
+            "logit_bias.1",
+        ),
+    ];
+    for (body, param) in cases {
+        assert_eq!(
+            param_of(chat(body.clone())).as_deref(),
+            Some(param),
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn out_of_range_values_are_refused() {
+    let cases = [
+        (json!({"temperature": 2.5}), "temperature"),
+        (json!({"temperature": -0.1}), "temperature"),
+        (json!({"top_p": 1.5}), "top_p"),
+        (json!({"min_p": -1}), "min_p"),
+        (json!({"presence_penalty": 3}), "presence_penalty"),
+        (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+        (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (json!({"top_k": -2}), "top_k"),
+        (json!({"max_tokens": 0}), "max_tokens"),
+        (json!({"n": 2}), "n"),
+        (json!({"n": 0}), "n"),
+        (json!({"logit_bias": {"abc": 1}}), "logit_bias.abc"),
+        (json!({"logit_bias": {"5": 101}}), "logit_bias.5"),
+        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"temperature": 1e39}), "temperature"),
+    ];
+    for (extra, param) in cases {
+        let mut body = json!({"messages": user("x")});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        assert_eq!(
+            param_of(chat(body.clone())).as_deref(),
+            Some(param),
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn empty_or_unsupported_messages_are_refused() {
+    assert_eq!(
+        param_of(chat(json!({"messages": []}))).as_deref(),
+        Some("messages")
+    );
+    let image = json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]});
+    assert_eq!(
+        param_of(chat(image)).as_deref(),
+        Some("messages[0].content[0].type")
+    );
+    assert_eq!(param_of(chat(json!({}))).as_deref(), Some("messages"));
+}
+
+#[test]
+fn bodies_that_are_not_json_objects_are_refused() {
+    for body in [&b"{"[..], b"", b"[1,2]", b"null", b"\xff\xfe"] {
+        let err = parse_chat(body).expect_err("should fail");
+        assert_eq!(err.status, 400);
+        assert_eq!(err.metric, "bad_json");
+    }
+}
+
+#[test]
+fn completion_prompt_is_raw_and_logprobs_is_a_count() {
+    let parsed =
+        completion(json!({"model": "m", "prompt": "Once", "logprobs": 2, "stop": "."})).unwrap();
+    assert_eq!(
+        parsed.generate.input,
+        PromptInput::Raw {
+            text: "Once".into(),
+            special: true
+        }
+    );
+    assert_eq!(parsed.generate.logprobs, Some(2));
+    assert_eq!(parsed.generate.stop, ["."]);
+    let single = completion(json!({"prompt": ["Once"]})).unwrap();
+    assert_eq!(
+        single.generate.input,
+        PromptInput::Raw {
+            text: "Once".into(),
+            special: true
+        }
+    );
+}
+
+#[test]
+fn completion_refuses_what_it_cannot_do() {
+    let cases = [
+        (json!({"prompt": ["a", "b"]}), Some("prompt")),
+        (json!({"prompt": [1, 2, 3]}), Some("prompt")),
+        (json!({"prompt": "a", "echo": true}), Some("echo")),
+        (json!({"prompt": "a", "suffix": "z"}), Some("suffix")),
+        (json!({"prompt": "a", "best_of": 3}), Some("best_of")),
+        (json!({"prompt": "a", "logprobs": 50}), Some("logprobs")),
+        (json!({"prompt": "a", "logprobs": true}), Some("logprobs")),
+        (json!({"model": "m"}), Some("prompt")),
+    ];
+    for (body, param) in cases {
+        assert_eq!(
+            param_of(completion(body.clone())).as_deref(),
+            param,
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn empty_stop_strings_are_dropped_and_too_many_refused() {
+    let parsed = chat(json!({"messages": user("x"), "stop": ["", "a"]})).unwrap();
+    assert_eq!(parsed.generate.stop, ["a"]);
+    let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
+    assert_eq!(
+        param_of(chat(json!({"messages": user("x"), "stop": many}))).as_deref(),
+        Some("stop")
+    );
+}
+
+#[test]
+fn negative_seeds_map_to_distinct_fixed_values() {
+    let seed = |s: i64| {
+        chat(json!({"messages": user("x"), "seed": s}))
+            .unwrap()
+            .generate
+            .sampling
+            .seed
+    };
+    assert_eq!(seed(-1), seed(-1));
+    assert_ne!(seed(-1), seed(-2));
+    assert_eq!(seed(7), Some(7));
+}

@@ -1,0 +1,309 @@
+//! OpenAI response objects (`chat.completion`, `chat.completion.chunk`, `text_completion`),
+//! written as focused serde structs rather than taken from an SDK crate, so the usage object
+//! can carry sparkd's timing fields and only what is sent is modelled.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::protocol::{DoneEvent, FinishReason, TokenEvent};
+
+/// `usage`: OpenAI's three counts plus this request's own engine timings (additive fields
+/// that OpenAI SDKs keep as extras). Timings are in milliseconds, rates in tokens/second.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    pub ttft_ms: Option<f64>,
+    pub generation_ms: f64,
+    pub decode_tps: Option<f64>,
+    pub queue_ms: f64,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub prefill_tps: Option<f64>,
+}
+
+impl Usage {
+    /// Always from the request's own `Done`, so concurrent requests never mix timings.
+    pub fn from_done(done: &DoneEvent) -> Self {
+        let u = done.usage;
+        let t = done.timings;
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
+            ttft_ms: t.ttft_ms,
+            generation_ms: t.generation_ms,
+            decode_tps: t.decode_tps,
+            queue_ms: t.queue_ms,
+            prefill_ms: t.prefill_ms,
+            decode_ms: t.decode_ms,
+            prefill_tps: t.prefill_tps,
+        }
+    }
+}
+
+/// OpenAI's `finish_reason`; `None` means the generation failed (reported as an error).
+pub fn finish_reason(reason: FinishReason) -> Option<&'static str> {
+    match reason {
+        FinishReason::Stop => Some("stop"),
+        FinishReason::Length => Some("length"),
+        // OpenAI has no word for these; the text simply ended.
+        FinishReason::Cancelled | FinishReason::Disconnected | FinishReason::Shutdown => {
+            Some("stop")
+        }
+        FinishReason::Error => None,
+    }
+}
+
+// ---- chat ----
+
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: String,
+    pub refusal: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    /// Present (as `null` until the last chunk) only with `stream_options.include_usage`,
+    /// as OpenAI does.
+    #[serde(skip_serializing_if = "ChunkUsage::is_absent")]
+    pub usage: ChunkUsage,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// A chunk's `usage` field: left out, `null`, or the final counts.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum ChunkUsage {
+    Absent,
+    Null(Option<()>),
+    Final(Usage),
+}
+
+impl ChunkUsage {
+    fn is_absent(&self) -> bool {
+        matches!(self, ChunkUsage::Absent)
+    }
+
+    pub fn pending(include_usage: bool) -> Self {
+        if include_usage {
+            ChunkUsage::Null(None)
+        } else {
+            ChunkUsage::Absent
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+impl ChatTokenLogprob {
+    /// `None` when the token event carries no logprobs.
+    pub fn from_token(event: &TokenEvent) -> Option<Self> {
+        let lp = event.logprobs.as_ref()?;
+        Some(Self {
+            token: event.text.clone(),
+            logprob: lp.logprob,
+            bytes: event.text.as_bytes().to_vec(),
+            top_logprobs: lp
+                .top
+                .iter()
+                .map(|(_, text, logprob)| TopLogprob {
+                    token: text.clone(),
+                    logprob: *logprob,
+                    bytes: text.as_bytes().to_vec(),
+                })
+                .collect(),
+        })
+    }
+}
+
+// ---- completions ----
+
+#[derive(Debug, Serialize)]
+pub struct TextCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "ChunkUsage::is_absent")]
+    pub usage: ChunkUsage,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TextChoice {
+    pub text: String,
+    pub index: u32,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The legacy completions logprobs layout: parallel arrays, one entry per token.
+#[derive(Debug, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// Character offset of each token in the generated text.
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Appends one token; `offset` is where its text starts in the completion.
+    pub fn push(&mut self, event: &TokenEvent, offset: usize) {
+        let Some(lp) = event.logprobs.as_ref() else {
+            return;
+        };
+        self.tokens.push(event.text.clone());
+        self.token_logprobs.push(lp.logprob);
+        self.top_logprobs.push(
+            lp.top
+                .iter()
+                .map(|(_, text, logprob)| (text.clone(), *logprob))
+                .collect(),
+        );
+        self.text_offset.push(offset);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Timings, TokenLogprobs, Usage as WireUsage};
+
+    fn done(prompt: u32, completion: u32, ttft: f64) -> DoneEvent {
+        DoneEvent {
+            id: 1,
+            finish_reason: FinishReason::Stop,
+            usage: WireUsage {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+            },
+            timings: Timings {
+                ttft_ms: Some(ttft),
+                decode_tps: None,
+                ..Timings::default()
+            },
+        }
+    }
+
+    #[test]
+    fn usage_copies_counts_and_timings() {
+        let usage = Usage::from_done(&done(7, 5, 12.5));
+        assert_eq!(usage.total_tokens, 12);
+        let json = serde_json::to_value(&usage).unwrap();
+        assert_eq!(json["ttft_ms"], 12.5);
+        assert!(json["decode_tps"].is_null());
+        assert!(json.get("prefill_tps").is_some());
+    }
+
+    #[test]
+    fn chunk_usage_field_is_omitted_null_or_filled() {
+        let chunk = |usage| ChatChunk {
+            id: "x".into(),
+            object: "chat.completion.chunk",
+            created: 0,
+            model: "m".into(),
+            choices: vec![],
+            usage,
+        };
+        let absent = serde_json::to_value(chunk(ChunkUsage::pending(false))).unwrap();
+        assert!(absent.get("usage").is_none());
+        let null = serde_json::to_value(chunk(ChunkUsage::pending(true))).unwrap();
+        assert!(null.get("usage").is_some_and(|u| u.is_null()));
+        let full =
+            serde_json::to_value(chunk(ChunkUsage::Final(Usage::from_done(&done(1, 2, 3.0)))))
+                .unwrap();
+        assert_eq!(full["usage"]["total_tokens"], 3);
+    }
+
+    #[test]
+    fn finish_reasons_map_to_openai_words() {
+        assert_eq!(finish_reason(FinishReason::Stop), Some("stop"));
+        assert_eq!(finish_reason(FinishReason::Length), Some("length"));
+        assert_eq!(finish_reason(FinishReason::Cancelled), Some("stop"));
+        assert_eq!(finish_reason(FinishReason::Shutdown), Some("stop"));
+        assert_eq!(finish_reason(FinishReason::Error), None);
+    }
+
+    #[test]
+    fn completion_logprobs_are_parallel_arrays() {
+        let token = |text: &str, lp: f32| TokenEvent {
+            id: 1,
+            token: 5,
+            text: text.into(),
+            logprobs: Some(TokenLogprobs {
+                logprob: lp,
+                top: vec![(5, text.into(), lp), (6, "other".into(), lp - 1.0)],
+            }),
+        };
+        let mut lps = CompletionLogprobs::default();
+        lps.push(&token("Hel", -0.5), 0);
+        lps.push(&token("lo", -0.25), 3);
+        assert_eq!(lps.tokens, ["Hel", "lo"]);
+        assert_eq!(lps.token_logprobs, [-0.5, -0.25]);
+        assert_eq!(lps.text_offset, [0, 3]);
+        assert_eq!(lps.top_logprobs[1]["other"], -1.25);
+    }
+}

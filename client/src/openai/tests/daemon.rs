@@ -1,0 +1,319 @@
+//! The shim over the real `Client` and a fake daemon that speaks the wire protocol on a
+//! Unix socket: lazy connection, reconnection after a restart, cancellation on hang-up.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+
+use super::client;
+use super::fake::{model_info, status_report, timings_for};
+use crate::codec::MessageCodec;
+use crate::openai::{bind, router, serve, DaemonBackend, RouterOptions};
+use crate::protocol::{
+    ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, PromptInput,
+    ServerMessage, TokenEvent, Usage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+};
+
+const PIECES: &[&str] = &["Bon", "jour"];
+
+/// What the fake daemon saw.
+#[derive(Default)]
+struct Seen {
+    cancels: Mutex<Vec<u64>>,
+    cancel_notify: Notify,
+    connections: AtomicUsize,
+}
+
+struct FakeDaemon {
+    seen: Arc<Seen>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeDaemon {
+    fn start(path: &PathBuf, seen: Arc<Seen>) -> Self {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).expect("bind unix socket");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (seen, stop) = (seen.clone(), stop.clone());
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        accepted = listener.accept() => {
+                            let Ok((stream, _)) = accepted else { break };
+                            seen.connections.fetch_add(1, Ordering::SeqCst);
+                            tokio::spawn(connection(stream, seen.clone(), stop.clone()));
+                        }
+                    }
+                }
+            }
+        });
+        Self { seen, stop, task }
+    }
+
+    /// Like the daemon's shutdown: a connection-level `ShuttingDown`, then close.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+        // Let connection tasks send their goodbye.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken) {
+    let mut framed = Framed::new(
+        stream,
+        MessageCodec::<ClientMessage, ServerMessage>::new(1 << 20),
+    );
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<ServerMessage>();
+    // Generations that wait for their `Cancel`.
+    let mut hanging: HashMap<u64, oneshot::Sender<()>> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => {
+                let bye = ErrorEvent { id: None, kind: ErrorKind::ShuttingDown, message: "shutting down".into() };
+                let _ = framed.send(ServerMessage::Error(bye)).await;
+                return;
+            }
+            Some(out) = out_rx.recv() => {
+                if framed.send(out).await.is_err() { return; }
+            }
+            frame = framed.next() => {
+                let Some(Ok(message)) = frame else { return };
+                let reply = match message {
+                    ClientMessage::Hello(_) => Some(ServerMessage::Welcome(Welcome {
+                        major: PROTOCOL_MAJOR,
+                        minor: PROTOCOL_MINOR,
+                        daemon_version: "fake".into(),
+                        max_frame_bytes: 1 << 20,
+                    })),
+                    ClientMessage::Generate(req) => {
+                        if let Some(rx) = generate(req, out_tx.clone()) {
+                            hanging.insert(rx.0, rx.1);
+                        }
+                        None
+                    }
+                    ClientMessage::Cancel { id } => {
+                        seen.cancels.lock().unwrap().push(id);
+                        seen.cancel_notify.notify_waiters();
+                        if let Some(tx) = hanging.remove(&id) { let _ = tx.send(()); }
+                        None
+                    }
+                    ClientMessage::Status { id } => Some(ServerMessage::Status { id, status: status_report() }),
+                    ClientMessage::Models { id } => Some(ServerMessage::Models { id, models: vec![model_info()] }),
+                    ClientMessage::Jobs { id, .. } => Some(ServerMessage::Jobs { id, jobs: Vec::new() }),
+                    ClientMessage::Tokenize { id, .. } => Some(ServerMessage::Tokens { id, tokens: Vec::new() }),
+                };
+                if let Some(reply) = reply {
+                    if framed.send(reply).await.is_err() { return; }
+                }
+            }
+        }
+    }
+}
+
+/// Answers a generation; a prompt `hang` sends one token and waits for `Cancel`, `busy`
+/// is refused. Returns the cancel hook of a hanging generation.
+fn generate(
+    req: GenerateRequest,
+    out: mpsc::UnboundedSender<ServerMessage>,
+) -> Option<(u64, oneshot::Sender<()>)> {
+    let id = req.id;
+    let prompt = match &req.input {
+        PromptInput::Chat { messages } => messages
+            .last()
+            .map(|m| m.content.clone())
+            .unwrap_or_default(),
+        PromptInput::Raw { text, .. } => text.clone(),
+    };
+    let token = |i: usize| {
+        ServerMessage::Token(TokenEvent {
+            id,
+            token: i as u32,
+            text: PIECES[i].into(),
+            logprobs: None,
+        })
+    };
+    let done = move |reason, n: u32| {
+        ServerMessage::Done(DoneEvent {
+            id,
+            finish_reason: reason,
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: n,
+            },
+            timings: timings_for(3, n),
+        })
+    };
+    match prompt.as_str() {
+        "busy" => {
+            let busy = ErrorEvent {
+                id: Some(id),
+                kind: ErrorKind::Busy,
+                message: "queue full".into(),
+            };
+            let _ = out.send(ServerMessage::Error(busy));
+            None
+        }
+        "hang" => {
+            let _ = out.send(token(0));
+            let (tx, rx) = oneshot::channel();
+            tokio::spawn(async move {
+                if rx.await.is_ok() {
+                    let _ = out.send(done(FinishReason::Cancelled, 1));
+                }
+            });
+            Some((id, tx))
+        }
+        _ => {
+            for i in 0..PIECES.len() {
+                let _ = out.send(token(i));
+            }
+            let _ = out.send(done(FinishReason::Stop, PIECES.len() as u32));
+            None
+        }
+    }
+}
+
+fn socket_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("spark-openai-{}-{name}.sock", std::process::id()))
+}
+
+async fn start_shim(path: PathBuf) -> (String, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let listener = bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = router(
+        Arc::new(DaemonBackend::new(path)),
+        RouterOptions::default(),
+        shutdown.clone(),
+    );
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { serve(listener, app, shutdown).await.unwrap() }
+    });
+    (base, shutdown)
+}
+
+fn chat(content: &str, stream: bool) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "stream": stream})
+}
+
+async fn post_chat(base: &str, body: &Value) -> (u16, String) {
+    let response = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+async fn health(base: &str) -> u16 {
+    client()
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn generations_reach_the_daemon_through_the_real_client() {
+    let path = socket_path("generate");
+    let daemon = FakeDaemon::start(&path, Arc::default());
+    let (base, _shutdown) = start_shim(path.clone()).await;
+
+    let (status, text) = post_chat(&base, &chat("hi", false)).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], PIECES.concat());
+    assert_eq!(v["usage"]["ttft_ms"].as_f64(), timings_for(3, 2).ttft_ms);
+
+    let (status, text) = post_chat(&base, &chat("busy", true)).await;
+    assert_eq!(status, 429, "{text}");
+    let models: Value = client()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], model_info().name);
+    // One shared connection for everything.
+    assert_eq!(daemon.seen.connections.load(Ordering::SeqCst), 1);
+    daemon.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn hanging_up_mid_stream_sends_cancel_to_the_daemon() {
+    let path = socket_path("cancel");
+    let daemon = FakeDaemon::start(&path, Arc::default());
+    let (base, _shutdown) = start_shim(path.clone()).await;
+
+    let response = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat("hang", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains(PIECES[0]) {
+        seen.push_str(&String::from_utf8_lossy(
+            &body.next().await.unwrap().unwrap(),
+        ));
+    }
+    assert!(daemon.seen.cancels.lock().unwrap().is_empty());
+    let cancelled = daemon.seen.cancel_notify.notified();
+    drop(body);
+    tokio::time::timeout(Duration::from_secs(5), cancelled)
+        .await
+        .expect("no Cancel reached the daemon");
+    assert_eq!(daemon.seen.cancels.lock().unwrap().len(), 1);
+    daemon.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn daemon_down_then_up_then_restarted() {
+    let path = socket_path("restart");
+    let _ = std::fs::remove_file(&path);
+    let (base, _shutdown) = start_shim(path.clone()).await;
+
+    // Not running yet: the shim is up and says so.
+    assert_eq!(health(&base).await, 503);
+    let (status, text) = post_chat(&base, &chat("hi", false)).await;
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("not running"), "{text}");
+
+    let daemon = FakeDaemon::start(&path, Arc::default());
+    assert_eq!(health(&base).await, 200);
+    assert_eq!(post_chat(&base, &chat("hi", false)).await.0, 200);
+
+    // A restart closes the cached connection (with `ShuttingDown`); the next requests
+    // must connect again rather than fail.
+    daemon.stop().await;
+    assert_eq!(health(&base).await, 503);
+    let daemon = FakeDaemon::start(&path, Arc::default());
+    let (status, text) = post_chat(&base, &chat("hi", false)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(health(&base).await, 200);
+    daemon.stop().await;
+    let _ = std::fs::remove_file(&path);
+}

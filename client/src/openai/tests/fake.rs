@@ -1,0 +1,346 @@
+//! A scripted in-memory daemon for the HTTP tests, and a helper that serves it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use futures::stream::{self, StreamExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::openai::{
+    bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
+};
+use crate::protocol::{
+    DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo, PromptInput,
+    StatusReport, Timings, TokenEvent, TokenLogprobs, Usage,
+};
+
+/// The model the fake has "loaded".
+pub const MODEL: &str = "fake-model";
+/// What every successful generation says, token by token. The empty piece stands for a
+/// token that only holds part of a UTF-8 character.
+pub const PIECES: &[&str] = &["Hel", "lo", "", ",", " world"];
+
+/// What the next calls do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    Reply,
+    /// `generate` succeeds, then the first event is a Busy refusal (as the real client does).
+    Busy,
+    /// Every call fails: no daemon.
+    Unavailable,
+    /// The engine fails after two tokens.
+    EngineErrorMidStream,
+    /// One token, then nothing until the stream is dropped.
+    Hang,
+    /// Nothing at all (a long queue or prefill) until the stream is dropped.
+    HangBeforeFirstToken,
+}
+
+pub struct FakeBackend {
+    behaviour: Mutex<Behaviour>,
+    next_id: AtomicU64,
+    /// Every request `generate` received, ids assigned.
+    pub requests: Mutex<Vec<GenerateRequest>>,
+    /// Generations dropped before their `Done` (what cancels the job in the real daemon).
+    pub cancelled: AtomicUsize,
+    pub cancelled_notify: Notify,
+}
+
+impl FakeBackend {
+    pub fn new(behaviour: Behaviour) -> Arc<Self> {
+        Arc::new(Self {
+            behaviour: Mutex::new(behaviour),
+            next_id: AtomicU64::new(1),
+            requests: Mutex::new(Vec::new()),
+            cancelled: AtomicUsize::new(0),
+            cancelled_notify: Notify::new(),
+        })
+    }
+
+    pub fn set(&self, behaviour: Behaviour) {
+        *self.behaviour.lock().unwrap() = behaviour;
+    }
+
+    fn behaviour(&self) -> Behaviour {
+        *self.behaviour.lock().unwrap()
+    }
+
+    pub fn last_request(&self) -> GenerateRequest {
+        self.requests
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("no generate call")
+    }
+}
+
+/// The prompt's "token count": its characters, so tests can tell requests apart by their
+/// timings (`ttft_ms` = 1.5 ms per prompt token).
+pub fn prompt_tokens(input: &PromptInput) -> u32 {
+    let chars = match input {
+        PromptInput::Chat { messages } => messages.iter().map(|m| m.content.chars().count()).sum(),
+        PromptInput::Raw { text, .. } => text.chars().count(),
+    };
+    chars as u32
+}
+
+pub fn timings_for(prompt: u32, completion: u32) -> Timings {
+    let decode_ms = 4.0 * f64::from(completion.saturating_sub(1));
+    Timings {
+        queue_ms: 0.5,
+        ttft_ms: Some(1.5 * f64::from(prompt)),
+        prefill_ms: 1.0 * f64::from(prompt),
+        generation_ms: decode_ms + 0.25,
+        decode_ms,
+        decode_tps: (completion > 1).then(|| f64::from(completion - 1) / decode_ms * 1000.0),
+        prefill_tps: (prompt > 0).then_some(1000.0),
+    }
+}
+
+fn token(id: u64, index: usize, piece: &str, logprobs: Option<u8>) -> TokenEvent {
+    let lp = -0.25 * (index as f32 + 1.0);
+    TokenEvent {
+        id,
+        token: 100 + index as u32,
+        text: piece.to_string(),
+        logprobs: logprobs.map(|n| TokenLogprobs {
+            logprob: lp,
+            top: (0..n)
+                .map(|k| (200 + u32::from(k), format!("alt{k}"), lp - f32::from(k)))
+                .collect(),
+        }),
+    }
+}
+
+/// Counts a cancellation when the hanging stream that owns it is dropped.
+struct DropGuard(Option<Arc<FakeBackend>>);
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if let Some(fake) = self.0.take() {
+            fake.cancelled.fetch_add(1, Ordering::SeqCst);
+            fake.cancelled_notify.notify_waiters();
+        }
+    }
+}
+
+impl FakeBackend {
+    fn reply(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
+        let id = req.id;
+        let prompt = prompt_tokens(&req.input);
+        let limit = req
+            .max_tokens
+            .map_or(PIECES.len(), |m| (m as usize).min(PIECES.len()));
+        let mut events: Vec<Result<BackendEvent, BackendError>> = PIECES[..limit]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Ok(BackendEvent::Token(token(id, i, p, req.logprobs))))
+            .collect();
+        let finish = if limit < PIECES.len() {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
+        let completion = limit as u32;
+        events.push(Ok(BackendEvent::Done(DoneEvent {
+            id,
+            finish_reason: finish,
+            usage: Usage {
+                prompt_tokens: prompt,
+                completion_tokens: completion,
+            },
+            timings: timings_for(prompt, completion),
+        })));
+        stream::iter(events).boxed()
+    }
+
+    fn hang(self: &Arc<Self>, req: &GenerateRequest, first_token: bool) -> EventStream {
+        let mut guard = DropGuard(Some(self.clone()));
+        let first = Ok(BackendEvent::Token(token(
+            req.id,
+            0,
+            PIECES[0],
+            req.logprobs,
+        )));
+        let first = if first_token { vec![first] } else { Vec::new() };
+        stream::iter(first)
+            .chain(stream::pending())
+            .map(move |event| {
+                // The guard lives as long as the stream: a hanging generation never
+                // reaches `Done`, so its end can only be a drop.
+                let _ = &mut guard;
+                event
+            })
+            .boxed()
+    }
+
+    fn engine_error(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
+        let id = req.id;
+        let events = vec![
+            Ok(BackendEvent::Token(token(id, 0, PIECES[0], None))),
+            Ok(BackendEvent::Token(token(id, 1, PIECES[1], None))),
+            Err(BackendError::Engine("out of memory".into())),
+        ];
+        stream::iter(events).boxed()
+    }
+}
+
+pub fn model_info() -> ModelInfo {
+    ModelInfo {
+        name: MODEL.into(),
+        path: "/models/fake.gguf".into(),
+        architecture: "llama".into(),
+        quantization: "Q4_1".into(),
+        parameters: 135_000_000,
+        context_length: 2048,
+        file_bytes: 90_000_000,
+    }
+}
+
+pub fn status_report() -> StatusReport {
+    StatusReport {
+        daemon_version: "0.1.0-fake".into(),
+        model: model_info(),
+        backend: "cpu".into(),
+        device: "fake cpu".into(),
+        resident_bytes: 1,
+        uptime_s: 2.0,
+        running: 3,
+        queued: 4,
+        kv_blocks_used: 5,
+        kv_blocks_total: 6,
+        kv_block_tokens: 16,
+        requests_served: 7,
+        tokens_generated: 8,
+        prompt_tokens_processed: 9,
+    }
+}
+
+fn unavailable() -> BackendError {
+    BackendError::Unavailable("sparkd is not running (no daemon answers on /tmp/x.sock)".into())
+}
+
+/// The `Backend` impl lives on `Arc<FakeBackend>` so streams can hold the fake.
+pub struct SharedFake(pub Arc<FakeBackend>);
+
+impl Backend for SharedFake {
+    fn generate(
+        &self,
+        mut req: GenerateRequest,
+    ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
+        Box::pin(async move {
+            let fake = &self.0;
+            req.id = fake.next_id.fetch_add(1, Ordering::SeqCst);
+            fake.requests.lock().unwrap().push(req.clone());
+            if let Some(model) = &req.model {
+                if model != MODEL {
+                    let err = BackendError::Rejected {
+                        kind: ErrorKind::UnknownModel,
+                        message: format!("no model named '{model}' is loaded"),
+                    };
+                    return Ok(stream::iter([Err(err)]).boxed());
+                }
+            }
+            Ok(match fake.behaviour() {
+                Behaviour::Reply => fake.reply(&req),
+                Behaviour::Busy => {
+                    stream::iter([Err(BackendError::Busy("queue full (64 waiting)".into()))])
+                        .boxed()
+                }
+                Behaviour::Unavailable => return Err(unavailable()),
+                Behaviour::EngineErrorMidStream => fake.engine_error(&req),
+                Behaviour::Hang => fake.hang(&req, true),
+                Behaviour::HangBeforeFirstToken => fake.hang(&req, false),
+            })
+        })
+    }
+
+    fn models(&self) -> BoxFuture<'_, Result<Vec<ModelInfo>, BackendError>> {
+        Box::pin(async move {
+            match self.0.behaviour() {
+                Behaviour::Unavailable => Err(unavailable()),
+                _ => Ok(vec![model_info()]),
+            }
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>> {
+        Box::pin(async move {
+            match self.0.behaviour() {
+                Behaviour::Unavailable => Err(unavailable()),
+                _ => Ok(status_report()),
+            }
+        })
+    }
+
+    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {
+        Box::pin(async move {
+            if self.0.behaviour() == Behaviour::Unavailable {
+                return Err(unavailable());
+            }
+            let job = |n: u64| JobRecord {
+                job: n,
+                request_id: n,
+                client_pid: Some(42),
+                client_uid: Some(1000),
+                model: MODEL.into(),
+                engine: "sparkd".into(),
+                started_unix_ms: 1_000 * n,
+                finished_unix_ms: 1_000 * n + 500,
+                usage: Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 5,
+                },
+                timings: timings_for(3, 5),
+                finish_reason: FinishReason::Stop,
+                estimated: false,
+            };
+            Ok((0..u64::from(limit.min(3))).rev().map(job).collect())
+        })
+    }
+}
+
+/// A running shim over a fake backend.
+pub struct TestServer {
+    pub base: String,
+    pub fake: Arc<FakeBackend>,
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl TestServer {
+    pub async fn start(behaviour: Behaviour, options: RouterOptions) -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap(), behaviour, options).await
+    }
+
+    pub async fn start_on(addr: SocketAddr, behaviour: Behaviour, options: RouterOptions) -> Self {
+        let fake = FakeBackend::new(behaviour);
+        let shutdown = CancellationToken::new();
+        let key = options.api_key.clone();
+        let listener = bind(addr, key.as_deref()).await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let app = router(
+            Arc::new(SharedFake(fake.clone())),
+            options,
+            shutdown.clone(),
+        );
+        let task = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { serve(listener, app, shutdown).await.expect("serve") }
+        });
+        Self {
+            base: format!("http://{addr}"),
+            fake,
+            shutdown,
+            task,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}

@@ -1,0 +1,229 @@
+//! AVX2 kernels for the K-quant super-blocks (Q4_K, Q5_K, Q6_K) against Q8K activations.
+//!
+//! One weight row at a time: each 64-element chunk is unpacked once and multiplied with
+//! every activation row of the tile. Integer sums are exact and the per-super-block
+//! float arithmetic is the scalar twin's, so the results equal the scalar kernels'.
+
+use std::arch::x86_64::*;
+
+use super::super::{scalar, Out, Q8KActs, WTile, NR};
+use super::hsum_epi32;
+use crate::quant::{K_SCALE_SIZE, QK_K};
+
+/// Raw pointers to activation row `j0` of a tile (rows are `cols`, `nsb` and `16 * nsb`
+/// apart in the three buffers).
+struct KArgs {
+    qs: *const i8,
+    d: *const f32,
+    bsums: *const i16,
+    cols: usize,
+    /// Super-blocks per row.
+    nsb: usize,
+}
+
+const Q4K: u8 = 0;
+const Q5K: u8 = 1;
+const Q6K: u8 = 2;
+
+const fn bb(t: u8) -> usize {
+    match t {
+        Q4K => 144,
+        Q5K => 176,
+        _ => 210,
+    }
+}
+
+pub(super) fn q4_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile::<Q4K>(w, a, j0, nr, out)
+}
+
+pub(super) fn q5_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile::<Q5K>(w, a, j0, nr, out)
+}
+
+pub(super) fn q6_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile::<Q6K>(w, a, j0, nr, out)
+}
+
+fn tile<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    w.check(QK_K, bb(T));
+    a.check(w, j0, nr);
+    let nsb = w.cols / QK_K;
+    let args = KArgs {
+        qs: a.qs[j0 * a.cols..].as_ptr(),
+        d: a.d[j0 * nsb..].as_ptr(),
+        bsums: a.bsums[j0 * nsb * 16..].as_ptr(),
+        cols: a.cols,
+        nsb,
+    };
+    for (r, out_r) in out.iter_mut().enumerate().take(w.rows) {
+        let row = w.row(r);
+        // SAFETY: only reachable through the AVX2 table, built after feature detection;
+        // `check` asserted that the row and activation rows `j0..j0 + nr` are in bounds.
+        unsafe {
+            match nr {
+                1 => row_kernel::<T, 1>(row, &args, out_r),
+                2 => row_kernel::<T, 2>(row, &args, out_r),
+                3 => row_kernel::<T, 3>(row, &args, out_r),
+                _ => row_kernel::<T, 4>(row, &args, out_r),
+            }
+        }
+    }
+}
+
+#[inline]
+fn f16_at(b: &[u8], off: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
+}
+
+/// One weight row against `N` activation rows.
+///
+/// # Safety
+/// AVX2 must be available and `a` must describe `N` readable activation rows as wide as
+/// `row` (`a.nsb` super-blocks).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_kernel<const T: u8, const N: usize>(row: &[u8], a: &KArgs, out: &mut [f32; NR]) {
+    let mut acc = [0.0f32; N];
+    for (i, blk) in row.chunks_exact(bb(T)).enumerate().take(a.nsb) {
+        let mut sumi = [_mm256_setzero_si256(); N];
+        let x = |j: usize, off: usize| a.qs.wrapping_add(j * a.cols + i * QK_K + off);
+        match T {
+            Q6K => q6k_block(blk, &mut sumi, x),
+            _ => k4_block::<T, N>(blk, &mut sumi, x),
+        }
+        for j in 0..N {
+            // SAFETY: scale and sums of super-block i of activation row j.
+            let (dx, bsums) = unsafe {
+                let bs = a.bsums.add((j * a.nsb + i) * 16);
+                (*a.d.add(j * a.nsb + i), std::slice::from_raw_parts(bs, 16))
+            };
+            let isum = hsum_epi32(sumi[j]);
+            acc[j] += match T {
+                Q6K => {
+                    let sc = &blk[QK_K / 2 + QK_K / 4..QK_K / 2 + QK_K / 4 + 16];
+                    let offs: i32 = sc
+                        .iter()
+                        .zip(bsums)
+                        .map(|(&s, &b)| s as i8 as i32 * b as i32)
+                        .sum();
+                    dx * f16_at(blk, 208) * (isum - 32 * offs) as f32
+                }
+                _ => {
+                    let (_, mn) = scalar::k4_scales(&blk[4..4 + K_SCALE_SIZE]);
+                    let msum: i32 = (0..8)
+                        .map(|s| mn[s] * (bsums[2 * s] as i32 + bsums[2 * s + 1] as i32))
+                        .sum();
+                    dx * f16_at(blk, 0) * isum as f32 - dx * f16_at(blk, 2) * msum as f32
+                }
+            };
+        }
+    }
+    out[..N].copy_from_slice(&acc);
+}
+
+/// Adds `sum_s scale_s * dot(level, x)` of one Q4_K / Q5_K super-block to `sumi[j]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn k4_block<const T: u8, const N: usize>(
+    blk: &[u8],
+    sumi: &mut [__m256i; N],
+    x: impl Fn(usize, usize) -> *const i8,
+) {
+    let (sc, _) = scalar::k4_scales(&blk[4..4 + K_SCALE_SIZE]);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let qs_off = if T == Q5K { 16 + QK_K / 8 } else { 16 };
+    assert!(blk.len() >= qs_off + QK_K / 2);
+    let qh = if T == Q5K {
+        // SAFETY: a Q5_K block holds `qh` at bytes 16..48 (asserted via its length).
+        unsafe { _mm256_loadu_si256(blk.as_ptr().add(16).cast()) }
+    } else {
+        _mm256_setzero_si256()
+    };
+    for c in 0..4 {
+        // SAFETY: chunk c of the quants, within `blk` (asserted above).
+        let bits = unsafe { _mm256_loadu_si256(blk.as_ptr().add(qs_off + 32 * c).cast()) };
+        let mut lo = _mm256_and_si256(bits, m4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        if T == Q5K {
+            let high = |bit: usize| {
+                let m = _mm256_set1_epi8((1u8 << bit) as i8);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m);
+                _mm256_and_si256(set, _mm256_set1_epi8(16))
+            };
+            lo = _mm256_or_si256(lo, high(2 * c));
+            hi = _mm256_or_si256(hi, high(2 * c + 1));
+        }
+        let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
+        let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+        for (j, s) in sumi.iter_mut().enumerate() {
+            // SAFETY: `x(j, ..)` points at 64 in-bounds activations of row j (the
+            // caller of `row_kernel` guarantees N rows of whole super-blocks).
+            let (xl, xh) = unsafe {
+                let p = x(j, 64 * c);
+                (
+                    _mm256_loadu_si256(p.cast()),
+                    _mm256_loadu_si256(p.add(32).cast()),
+                )
+            };
+            let pl = _mm256_madd_epi16(s_lo, _mm256_maddubs_epi16(lo, xl));
+            let ph = _mm256_madd_epi16(s_hi, _mm256_maddubs_epi16(hi, xh));
+            *s = _mm256_add_epi32(*s, _mm256_add_epi32(pl, ph));
+        }
+    }
+}
+
+/// Adds `sum_s scale_s * dot(level, x)` (levels 0..63, before the -32 offset) of one
+/// Q6_K super-block to `sumi[j]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q6k_block<const N: usize>(
+    blk: &[u8],
+    sumi: &mut [__m256i; N],
+    x: impl Fn(usize, usize) -> *const i8,
+) {
+    assert!(blk.len() >= 210);
+    let m15 = _mm256_set1_epi8(0x0F);
+    let sc = &blk[192..208];
+    for h in 0..2 {
+        // SAFETY: `ql` (0..128) and `qh` (128..192) are within `blk` (asserted).
+        let (ql0, ql1, qh) = unsafe {
+            let p = blk.as_ptr();
+            (
+                _mm256_loadu_si256(p.add(64 * h).cast()),
+                _mm256_loadu_si256(p.add(64 * h + 32).cast()),
+                _mm256_loadu_si256(p.add(128 + 32 * h).cast()),
+            )
+        };
+        let q = [
+            _mm256_or_si256(
+                _mm256_and_si256(ql0, m15),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(3))),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(ql1, m15),
+                _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m15),
+                _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m15),
+                _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64))),
+            ),
+        ];
+        // Quarter k covers sub-blocks 8h + 2k (elements 0..16) and 8h + 2k + 1.
+        let scales: [__m256i; 4] = std::array::from_fn(|k| {
+            let s = |i: usize| _mm_set1_epi16(sc[8 * h + 2 * k + i] as i8 as i16);
+            _mm256_set_m128i(s(1), s(0))
+        });
+        for (j, s) in sumi.iter_mut().enumerate() {
+            for k in 0..4 {
+                // SAFETY: `x` points at 32 in-bounds activations of row j.
+                let xv = unsafe { _mm256_loadu_si256(x(j, 128 * h + 32 * k).cast()) };
+                let p = _mm256_madd_epi16(scales[k], _mm256_maddubs_epi16(q[k], xv));
+                *s = _mm256_add_epi32(*s, p);
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The matmul driver: thread-count independence, agreement with a float reference,
+//! argument checks.
+
+use super::*;
+use crate::backend::cpu::testutil::{
+    act_quant_bound, dequantize_all, random_acts, random_weights, Rng,
+};
+
+const TYPES: [GgmlType; 11] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+fn cols_for(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 512,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 72,
+        _ => 160,
+    }
+}
+
+fn run(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], n: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n * w.rows];
+    matmul(pool, w, x, n, &mut y, &mut MatmulScratch::default());
+    y
+}
+
+#[test]
+fn thread_count_does_not_change_results() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let mut rng = Rng::new(10);
+    for ty in TYPES {
+        let cols = cols_for(ty);
+        for rows in [1, 7, 33, 100] {
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();
+            for n in (1..=9).chain([17, 64]) {
+                let x = random_acts(n * cols, &mut rng);
+                let want = run(&pools[0], &w, &x, n);
+                assert!(
+                    want.iter().all(|v| v.is_finite()),
+                    "{ty}: every output written"
+                );
+                for pool in &pools[1..] {
+                    let got = run(pool, &w, &x, n);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{ty} rows={rows} n={n} threads={}", pool.n_threads());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_a_float_reference() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(11);
+    let mut scratch = MatmulScratch::default();
+    for ty in TYPES {
+        let (rows, cols, n) = (37, cols_for(ty) * 2, 5);
+        let data = random_weights(ty, rows, cols, &mut rng);
+        let wf = dequantize_all(ty, &data, rows, cols);
+        let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();
+        let x = random_acts(n * cols, &mut rng);
+        let mut y = vec![0.0; n * rows];
+        matmul(&pool, &w, &x, n, &mut y, &mut scratch);
+        for i in 0..n {
+            for r in 0..rows {
+                let (wr, xi) = (&wf[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+                let exact: f32 = wr.iter().zip(xi).map(|(a, b)| a * b).sum();
+                let scale: f32 = wr.iter().zip(xi).map(|(a, b)| (a * b).abs()).sum();
+                let tol = match ty {
+                    GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5 * scale,
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                        1e-5 * scale + act_quant_bound(wr, xi, 256)
+                    }
+                    _ => 1e-5 * scale + act_quant_bound(wr, xi, 32),
+                };
+                let got = y[i * rows + r];
+                assert!(
+                    (got - exact).abs() <= tol + 1e-6,
+                    "{ty} y[{i}][{r}] = {got}, want {exact}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn large_batches_use_the_parallel_quantizer_consistently() {
+    // Big enough for the parallel activation quantizer and many chunks.
+    let mut rng = Rng::new(12);
+    let (rows, cols, n) = (300, 576, 64);
+    for ty in [GgmlType::Q4_1, GgmlType::Q6_K] {
+        let cols = if ty == GgmlType::Q6_K { 512 } else { cols };
+        let data = random_weights(ty, rows, cols, &mut rng);
+        let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();
+        let x = random_acts(n * cols, &mut rng);
+        let a = run(&ThreadPool::new(1), &w, &x, n);
+        let b = run(&ThreadPool::new(2), &w, &x, n);
+        assert!(
+            a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{ty}"
+        );
+    }
+}
+
+#[test]
+fn scratch_is_reused_without_growing() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(13);
+    let data = random_weights(GgmlType::Q8_0, 64, 256, &mut rng);
+    let w = WeightMatrix::new(GgmlType::Q8_0, 64, 256, &data).unwrap();
+    let x = random_acts(8 * 256, &mut rng);
+    let mut scratch = MatmulScratch::default();
+    let mut y = vec![0.0; 8 * 64];
+    matmul(&pool, &w, &x, 8, &mut y, &mut scratch);
+    let first = y.clone();
+    let caps = format!("{scratch:?}").len();
+    matmul(&pool, &w, &x[..256], 1, &mut y[..64], &mut scratch);
+    matmul(&pool, &w, &x, 8, &mut y, &mut scratch);
+    assert_eq!(format!("{scratch:?}").len(), caps);
+    assert_eq!(y, first);
+}
+
+#[test]
+fn weight_matrix_checks_sizes_and_types() {
+    let ty = GgmlType::Q4_1;
+    assert!(WeightMatrix::new(ty, 2, 64, &[0u8; 80]).is_ok());
+    assert_eq!(
+        WeightMatrix::new(ty, 2, 64, &[0u8; 79]).unwrap_err(),
+        KernelError::SizeMismatch {
+            ty,
+            rows: 2,
+            cols: 64,
+            expected: 80,
+            got: 79
+        }
+    );
+    assert_eq!(
+        WeightMatrix::new(ty, 2, 48, &[0u8; 60]).unwrap_err(),
+        KernelError::RaggedRow { ty, cols: 48 }
+    );
+    assert_eq!(
+        WeightMatrix::new(GgmlType::Q8_K, 1, 256, &[0u8; 292]).unwrap_err(),
+        KernelError::UnsupportedType(GgmlType::Q8_K)
+    );
+    assert!(WeightMatrix::new(GgmlType::F32, usize::MAX / 2, 8, &[]).is_err());
+}
+
+#[test]
+fn dequantize_row_reads_one_row() {
+    let mut rng = Rng::new(14);
+    for ty in TYPES {
+        let cols = cols_for(ty);
+        let data = random_weights(ty, 5, cols, &mut rng);
+        let all = dequantize_all(ty, &data, 5, cols);
+        let w = WeightMatrix::new(ty, 5, cols, &data).unwrap();
+        let mut row = vec![0.0; cols];
+        dequantize_row(&w, 3, &mut row);
+        assert_eq!(row, all[3 * cols..4 * cols], "{ty}");
+    }
+}
+
+#[test]
+fn empty_shapes_are_fine() {
+    let pool = ThreadPool::new(2);
+    let mut scratch = MatmulScratch::default();
+    let data = [0u8; 40];
+    let w = WeightMatrix::new(GgmlType::Q4_1, 2, 32, &data[..40]).unwrap();
+    matmul(&pool, &w, &[], 0, &mut [], &mut scratch);
+    let w0 = WeightMatrix::new(GgmlType::Q4_1, 0, 32, &[]).unwrap();
+    matmul(&pool, &w0, &[0.0; 32], 1, &mut [], &mut scratch);
+}

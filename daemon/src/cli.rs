@@ -1,0 +1,260 @@
+//! Command-line arguments of `sparkd` and the small subcommands (bench, pull, synth).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use spark_client::models::{self, DEFAULT_MODEL};
+
+use crate::model::{synth, Arch, Model};
+use crate::quant::GgmlType;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sparkd",
+    version,
+    about = "Resident LLM daemon: one model loaded once, served over a Unix socket"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Cmd>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Load the model and serve requests (the default).
+    Serve(Box<ServeArgs>),
+    /// Benchmark the engine on a model: prefill, decode, batched decode.
+    Bench(BenchArgs),
+    /// Download a known model into the models folder.
+    Pull(PullArgs),
+    /// Write a synthetic GGUF model with random weights (tests, benchmarks).
+    Synth(SynthArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceArg {
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// Flags of `sparkd serve`. Every one may also come from the config file (`--config`);
+/// a flag given on the command line wins over the file, the file over the defaults.
+#[derive(Debug, Args, Default, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeArgs {
+    /// Config file (TOML) with any of these settings, e.g. /etc/sparkd/sparkd.toml.
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Model name (see `spark pull`) or path to a .gguf file [default: smollm2-135m-instruct].
+    #[arg(long, env = "SPARKD_MODEL")]
+    pub model: Option<String>,
+    /// Socket path [default: $SPARKD_SOCKET, else $XDG_RUNTIME_DIR/sparkd/sparkd.sock, else /run/sparkd/sparkd.sock for root].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Compute device [default: auto].
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// CPU threads for the forward pass [default: physical cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// KV cache size in tokens, shared by all running sequences [default: 16384].
+    #[arg(long)]
+    pub kv_tokens: Option<usize>,
+    /// Cap on prompt + completion tokens per request [default: the model's context].
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Sequences decoded together at most [default: 16].
+    #[arg(long)]
+    pub max_running: Option<usize>,
+    /// Requests that may wait beyond the running ones before new ones get `busy` [default: 64].
+    #[arg(long)]
+    pub max_queued: Option<usize>,
+    /// Tokens per forward step, decodes plus prompt chunks [default: 512].
+    #[arg(long)]
+    pub step_tokens: Option<usize>,
+    /// Chat template file replacing the model's own.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// Largest accepted frame in bytes [default: 1 MiB].
+    #[arg(long)]
+    pub max_frame_bytes: Option<usize>,
+    /// Finished jobs kept for `spark jobs` [default: 1000].
+    #[arg(long)]
+    pub keep_jobs: Option<usize>,
+    /// Seconds running generations get to finish on SIGTERM [default: 30].
+    #[arg(long)]
+    pub shutdown_grace: Option<f64>,
+    /// Users allowed to connect besides root and the daemon's user (repeatable).
+    #[arg(long = "allow-uid")]
+    pub allowed_uids: Option<Vec<u32>>,
+    /// Groups whose members may connect (repeatable).
+    #[arg(long = "allow-gid")]
+    pub allowed_gids: Option<Vec<u32>>,
+    /// Do not fetch a known model that is missing; fail instead.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_pull: bool,
+}
+
+impl ServeArgs {
+    /// Fills every setting not given on the command line from the config file.
+    pub fn with_config_file(self) -> anyhow::Result<ServeArgs> {
+        let Some(path) = self.config.clone() else {
+            return Ok(self);
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let file: ServeArgs =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        Ok(ServeArgs {
+            config: self.config,
+            model: self.model.or(file.model),
+            socket: self.socket.or(file.socket),
+            device: self.device.or(file.device),
+            threads: self.threads.or(file.threads),
+            kv_tokens: self.kv_tokens.or(file.kv_tokens),
+            ctx: self.ctx.or(file.ctx),
+            max_running: self.max_running.or(file.max_running),
+            max_queued: self.max_queued.or(file.max_queued),
+            step_tokens: self.step_tokens.or(file.step_tokens),
+            chat_template: self.chat_template.or(file.chat_template),
+            max_frame_bytes: self.max_frame_bytes.or(file.max_frame_bytes),
+            keep_jobs: self.keep_jobs.or(file.keep_jobs),
+            shutdown_grace: self.shutdown_grace.or(file.shutdown_grace),
+            allowed_uids: self.allowed_uids.or(file.allowed_uids),
+            allowed_gids: self.allowed_gids.or(file.allowed_gids),
+            no_pull: self.no_pull || file.no_pull,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Model name or path.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Threads [default: physical cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// llama.cpp bin folder: also run its llama-bench and print ratios.
+    #[arg(long)]
+    pub peer: Option<PathBuf>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    #[arg(default_value = DEFAULT_MODEL)]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SynthPreset {
+    /// A few layers, 64 wide: for tests.
+    Tiny,
+    /// Llama-3-8B shapes, Q4_K/Q6_K mix: for GPU benchmarks.
+    Llama3_8b,
+}
+
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Output file.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, value_enum, default_value = "tiny")]
+    pub preset: SynthPreset,
+    /// Architecture: llama, qwen2 or qwen3.
+    #[arg(long)]
+    pub arch: Option<String>,
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Weight type of the layer matrices (e.g. Q4_1, Q4_K, Q8_0, F16).
+    #[arg(long)]
+    pub weight_type: Option<String>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Resolves a model name or path, fetching a known model when it is missing and
+/// `may_pull` allows.
+pub fn model_path(name: &str, may_pull: bool) -> anyhow::Result<PathBuf> {
+    match models::resolve_model(name) {
+        Ok(p) => Ok(p),
+        Err(models::ModelsError::NotDownloaded { name, .. }) if may_pull => {
+            tracing::info!(model = %name, "model missing; fetching it");
+            Ok(models::pull(&name, &mut models::QuietProgress)?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let path = model_path(&args.model, true)?;
+    let model = Model::load(&path)?;
+    let threads = args
+        .threads
+        .unwrap_or_else(crate::backend::cpu::physical_cores);
+    let report = crate::bench::run(&model, &args.model, threads, args.peer.as_deref())?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        crate::bench::print_table(&report);
+    }
+    Ok(())
+}
+
+pub fn pull(args: PullArgs) -> anyhow::Result<()> {
+    let path = models::pull(&args.name, &mut models::QuietProgress)?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+pub fn synth(args: SynthArgs) -> anyhow::Result<()> {
+    let mut spec = match args.preset {
+        SynthPreset::Tiny => synth::SynthSpec::tiny(),
+        SynthPreset::Llama3_8b => synth::SynthSpec::llama3_8b(),
+    };
+    if let Some(a) = &args.arch {
+        spec.arch = Arch::from_name(a).with_context(|| format!("unknown architecture `{a}`"))?;
+    }
+    if let Some(l) = args.layers {
+        spec.n_layers = l;
+    }
+    if let Some(t) = &args.weight_type {
+        spec.weight_type = parse_type(t)?;
+        spec.mixed_k = false;
+    }
+    if let Some(s) = args.seed {
+        spec.seed = s;
+    }
+    let w = synth::synth_gguf(&spec)?;
+    w.write_file(&args.out)?;
+    println!("{}", args.out.display());
+    Ok(())
+}
+
+fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
+    const ALL: [GgmlType; 11] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    ALL.into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(s))
+        .with_context(|| format!("unknown weight type `{s}`"))
+}

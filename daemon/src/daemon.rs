@@ -1,0 +1,173 @@
+//! `sparkd serve`: load the model, start the engine, serve the socket until a signal,
+//! then shut down gracefully.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use spark_client::models::DEFAULT_MODEL;
+
+use crate::cli::{model_path, DeviceArg, ServeArgs};
+use crate::engine::{Engine, EngineConfig, EngineHandle};
+use crate::model::Model;
+use crate::notify;
+use crate::server::{self, ServerConfig};
+
+/// Logs go to journald when systemd runs us (it sets JOURNAL_STREAM), else to stderr.
+pub fn init_logging() {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let journald = std::env::var_os("JOURNAL_STREAM").and_then(|_| tracing_journald::layer().ok());
+    let registry = tracing_subscriber::registry().with(filter);
+    let result = match journald {
+        Some(layer) => registry.with(layer).try_init(),
+        None => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
+    };
+    // A second init (tests) is harmless.
+    let _ = result;
+}
+
+/// The name clients use for the model: the known name, or the file's stem for a path.
+fn model_name(arg: &str, path: &Path) -> String {
+    if Path::new(arg).is_file() {
+        path.file_stem()
+            .map_or_else(|| arg.to_string(), |s| s.to_string_lossy().into_owned())
+    } else {
+        arg.to_string()
+    }
+}
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging();
+    let args = args.with_config_file()?;
+    match args.device.unwrap_or_default() {
+        DeviceArg::Cuda => anyhow::bail!(
+            "--device cuda: this build of sparkd has no CUDA backend yet; use --device cpu or --device auto"
+        ),
+        DeviceArg::Auto => tracing::info!("device auto: using the CPU backend (no CUDA backend in this build)"),
+        DeviceArg::Cpu => {}
+    }
+    let model_arg = args
+        .model
+        .clone()
+        .unwrap_or_else(|| DEFAULT_MODEL.to_string());
+    let socket_path = spark_client::resolve_socket_path(args.socket.as_deref());
+    let grace = Duration::from_secs_f64(args.shutdown_grace.unwrap_or(30.0).max(0.0));
+    let mut server_cfg = ServerConfig::new(socket_path.clone());
+    server_cfg.max_frame_bytes = args.max_frame_bytes.unwrap_or(server_cfg.max_frame_bytes);
+    server_cfg.allowed_uids = args.allowed_uids.clone();
+    server_cfg.allowed_gids = args.allowed_gids.clone();
+    // Connections outlive the engine's grace a little, so every stream's final `Done`
+    // (sent when the grace ends) still reaches its client.
+    server_cfg.shutdown_grace = grace + Duration::from_secs(5);
+    // Before any other thread exists: taking the fds clears LISTEN_* from the environment.
+    let activated = notify::activated_listener().context("taking the socket passed by systemd")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("sparkd-io")
+        .build()
+        .context("starting the async runtime")?;
+
+    // The socket first: a second daemon is refused before it loads anything, and clients
+    // that connect while the model loads wait in the listen backlog instead of failing.
+    let listener = rt.block_on(listen(&server_cfg, activated))?;
+    notify::status(&format!("loading model {model_arg}"));
+    let started = std::time::Instant::now();
+    let path = model_path(&model_arg, !args.no_pull)?;
+    let name = model_name(&model_arg, &path);
+    let model = Model::load(&path)?;
+    let mut cfg = EngineConfig::new(name.clone());
+    if let Some(t) = args.threads {
+        cfg.threads = t.max(1);
+    }
+    cfg.kv_tokens = args.kv_tokens.unwrap_or(cfg.kv_tokens);
+    cfg.context_limit = args.ctx;
+    cfg.max_running = args.max_running.unwrap_or(cfg.max_running);
+    cfg.max_queued = args.max_queued.unwrap_or(cfg.max_queued);
+    cfg.step_tokens = args.step_tokens.unwrap_or(cfg.step_tokens);
+    cfg.keep_jobs = args.keep_jobs.unwrap_or(cfg.keep_jobs);
+    if let Some(p) = &args.chat_template {
+        cfg.chat_template = Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading chat template {}", p.display()))?,
+        );
+    }
+    let engine = EngineHandle::start(model, cfg)?;
+    tracing::info!(model = %name, path = %path.display(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
+
+    let result = rt.block_on(run_server(listener, server_cfg, engine.clone(), grace));
+    engine.shutdown(Duration::ZERO);
+    engine.join();
+    let _ = std::fs::remove_file(pid_file(&socket_path));
+    result
+}
+
+/// The listening socket: the one systemd passed (socket activation), else our own.
+async fn listen(
+    cfg: &ServerConfig,
+    activated: Option<std::os::unix::net::UnixListener>,
+) -> anyhow::Result<server::Listener> {
+    if let Some(std_listener) = activated {
+        tracing::info!("using the socket passed by systemd");
+        return Ok(server::Listener::from_std(std_listener)?);
+    }
+    let listener = server::bind(cfg).await?;
+    let pid_path = pid_file(&cfg.socket_path);
+    if let Err(e) = std::fs::write(&pid_path, format!("{}\n", std::process::id())) {
+        tracing::warn!(path = %pid_path.display(), error = %e, "cannot write pid file");
+    }
+    Ok(listener)
+}
+
+fn pid_file(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".pid");
+    PathBuf::from(p)
+}
+
+async fn run_server(
+    listener: server::Listener,
+    cfg: ServerConfig,
+    engine: Arc<EngineHandle>,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    tracing::info!(socket = %cfg.socket_path.display(), "serving");
+    notify::ready(&engine);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(watch_signals(shutdown.clone(), engine.clone(), grace));
+    tokio::spawn(notify::keep_alive(engine.clone(), shutdown.clone()));
+    let dyn_engine: Arc<dyn Engine> = engine;
+    server::serve(listener, cfg, dyn_engine, shutdown).await?;
+    Ok(())
+}
+
+/// First SIGTERM/SIGINT: stop accepting and let generations finish within `grace`.
+/// A second one: end every generation now.
+async fn watch_signals(shutdown: CancellationToken, engine: Arc<EngineHandle>, grace: Duration) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::info!(
+        grace_s = grace.as_secs_f64(),
+        "shutting down: finishing running generations"
+    );
+    notify::stopping();
+    shutdown.cancel();
+    engine.shutdown(grace);
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::info!("second signal: ending every generation now");
+    engine.shutdown(Duration::ZERO);
+}

@@ -1,0 +1,420 @@
+//! The engine loop: runs on its own thread, owns the model's working state (KV cache,
+//! workspace) and every sequence, and turns commands into batched forward steps.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spark_client::protocol::{ErrorKind, FinishReason, ServerMessage, TokenEvent};
+
+use crate::model::{KvCache, Model, SeqInput, Workspace};
+use crate::text::Tokenizer;
+
+use super::jobs::Shared;
+use super::scheduler::{plan_step, Pending};
+use super::sequence::Sequence;
+use super::ConnId;
+
+pub enum Command {
+    Submit(Box<Sequence>),
+    Cancel {
+        conn: ConnId,
+        request_id: u64,
+        reason: FinishReason,
+    },
+    CancelConnection(ConnId),
+    /// Stop admitting; running sequences may finish until `deadline`, then all end.
+    Shutdown {
+        deadline: Instant,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineLimits {
+    pub max_running: usize,
+    /// Tokens per forward step across the batch (decodes + prompt chunks).
+    pub step_tokens: usize,
+}
+
+pub struct EngineCore {
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    kv: KvCache,
+    ws: Workspace,
+    limits: EngineLimits,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    commands: Receiver<Command>,
+    shared: Arc<Shared>,
+    shutdown: Option<Instant>,
+    /// Requests accepted by the handle and not yet retired (the handle's busy check).
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Everything the engine thread owns besides its queues.
+pub struct EngineParts {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub kv: KvCache,
+    pub ws: Workspace,
+    pub limits: EngineLimits,
+}
+
+impl EngineCore {
+    pub fn new(
+        parts: EngineParts,
+        commands: Receiver<Command>,
+        shared: Arc<Shared>,
+        in_flight: Arc<AtomicUsize>,
+    ) -> Self {
+        let EngineParts {
+            model,
+            tokenizer,
+            kv,
+            ws,
+            limits,
+        } = parts;
+        EngineCore {
+            model,
+            tokenizer,
+            kv,
+            ws,
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            commands,
+            shared,
+            shutdown: None,
+            in_flight,
+        }
+    }
+
+    /// Runs until shut down and every sequence has ended (or all handles are gone).
+    pub fn run(mut self) {
+        loop {
+            if !self.take_commands() {
+                break;
+            }
+            if let Some(deadline) = self.shutdown {
+                for s in self.waiting.iter_mut() {
+                    s.finish = Some(FinishReason::Shutdown);
+                }
+                if Instant::now() >= deadline {
+                    for s in self.running.iter_mut() {
+                        s.finish.get_or_insert(FinishReason::Shutdown);
+                    }
+                }
+            }
+            self.retire_finished();
+            if self.shutdown.is_some() && self.running.is_empty() && self.waiting.is_empty() {
+                break;
+            }
+            self.admit();
+            // Published before the step, so anyone who has seen a token of a sequence
+            // also sees it counted as running.
+            self.publish();
+            if !self.running.is_empty() {
+                self.step();
+                self.retire_finished();
+            }
+            self.publish();
+        }
+        self.publish();
+    }
+
+    /// Applies pending commands; blocks while there is nothing to do. Returns false when
+    /// every handle is gone and no work is left.
+    fn take_commands(&mut self) -> bool {
+        let idle = self.running.is_empty() && self.waiting.is_empty();
+        if idle && self.shutdown.is_none() {
+            // Wake up now and then so the watchdog sees a live loop while idle.
+            match self.commands.recv_timeout(Duration::from_millis(500)) {
+                Ok(cmd) => self.apply(cmd),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+        while let Ok(cmd) = self.commands.try_recv() {
+            self.apply(cmd);
+        }
+        true
+    }
+
+    fn apply(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(mut seq) => {
+                if self.shutdown.is_some() {
+                    seq.finish = Some(FinishReason::Shutdown);
+                }
+                self.waiting.push_back(*seq);
+            }
+            Command::Cancel {
+                conn,
+                request_id,
+                reason,
+            } => {
+                for s in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+                    if s.conn == conn && s.request_id == request_id {
+                        s.finish.get_or_insert(reason);
+                    }
+                }
+            }
+            Command::CancelConnection(conn) => {
+                for s in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+                    if s.conn == conn {
+                        s.finish.get_or_insert(FinishReason::Disconnected);
+                    }
+                }
+            }
+            Command::Shutdown { deadline } => {
+                tracing::debug!(
+                    running = self.running.len(),
+                    queued = self.waiting.len(),
+                    "engine shutting down"
+                );
+                self.shutdown = Some(deadline);
+            }
+        }
+    }
+
+    /// Moves waiting sequences into the batch while there is room for their prompts.
+    fn admit(&mut self) {
+        while self.running.len() < self.limits.max_running {
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
+            // The whole prompt's blocks up front, so an admitted prompt never stalls
+            // half-way for lack of memory.
+            if self.kv.reserve(&mut seq.table, seq.tokens.len()).is_err() {
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            seq.timings.admitted.get_or_insert_with(Instant::now);
+            self.running.push(seq);
+        }
+    }
+
+    fn step(&mut self) {
+        let pending: Vec<Pending> = self
+            .running
+            .iter()
+            .map(|s| Pending {
+                tokens: s.tokens.len() - s.n_cached,
+            })
+            .collect();
+        let mut take = plan_step(&pending, self.limits.step_tokens);
+        self.reserve_or_preempt(&mut take);
+        if take.iter().all(|&t| t == 0) {
+            return;
+        }
+
+        let batch: Vec<SeqInput<'_>> = self
+            .running
+            .iter()
+            .zip(&take)
+            .filter(|(_, &n)| n > 0)
+            .map(|(s, &n)| SeqInput {
+                table: &s.table,
+                tokens: &s.tokens[s.n_cached..s.n_cached + n],
+                start_pos: s.n_cached,
+                want_logits: s.n_cached + n == s.tokens.len(),
+            })
+            .collect();
+        let result = self.model.forward(&batch, &mut self.kv, &mut self.ws);
+        drop(batch);
+        let elapsed = match result {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, sequences = take.iter().filter(|&&n| n > 0).count(), "forward step failed");
+                for (s, &n) in self.running.iter_mut().zip(&take) {
+                    if n > 0 {
+                        s.send_error(ErrorKind::Engine, format!("engine step failed: {e}"));
+                        s.finish.get_or_insert(FinishReason::Error);
+                    }
+                }
+                return;
+            }
+        };
+        self.shared.record_step(elapsed);
+
+        let vocab = self.model.config.vocab_size;
+        let mut logit_row = 0;
+        for (s, &n) in self.running.iter_mut().zip(&take) {
+            if n == 0 {
+                continue;
+            }
+            let was_prefill = s.in_prefill();
+            s.n_cached += n;
+            if was_prefill {
+                s.timings.prefill += elapsed;
+            } else {
+                s.timings.decode += elapsed;
+            }
+            if s.n_cached < s.tokens.len() {
+                continue;
+            }
+            let logits = self.ws.logits_mut(logit_row, vocab);
+            logit_row += 1;
+            if s.finish.is_some() {
+                continue;
+            }
+            sample_and_emit(s, logits, &self.tokenizer, self.model.config.context_length);
+        }
+    }
+
+    /// Makes sure every planned sequence has KV blocks for its new tokens. When the pool
+    /// runs dry, the most recently admitted other sequence is preempted: its blocks are
+    /// freed and it goes back to the front of the queue to be recomputed later.
+    fn reserve_or_preempt(&mut self, take: &mut [usize]) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if take[i] == 0 {
+                i += 1;
+                continue;
+            }
+            let need = self.running[i].n_cached + take[i];
+            if self.kv.reserve(&mut self.running[i].table, need).is_ok() {
+                i += 1;
+                continue;
+            }
+            // Preempt the newest sequence that is not `i` itself.
+            let victim = (0..self.running.len())
+                .rev()
+                .find(|&j| j != i && self.running[j].table.capacity() > 0);
+            match victim {
+                Some(j) => {
+                    let mut v = self.running.remove(j);
+                    self.kv.release(&mut v.table);
+                    v.n_cached = 0;
+                    tracing::debug!(
+                        job = v.job,
+                        "KV cache full: sequence preempted for recompute"
+                    );
+                    self.waiting.push_front(v);
+                    // `take` follows `running`; drop the victim's entry too.
+                    for k in j..take.len() - 1 {
+                        take[k] = take[k + 1];
+                    }
+                    if let Some(last) = take.last_mut() {
+                        *last = 0;
+                    }
+                    if j < i {
+                        i -= 1;
+                    }
+                }
+                None => {
+                    let s = &mut self.running[i];
+                    s.send_error(ErrorKind::Engine, "KV cache exhausted".into());
+                    s.finish.get_or_insert(FinishReason::Length);
+                    take[i] = 0;
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Sends `Done` for every ended sequence, frees its blocks and books the job.
+    fn retire_finished(&mut self) {
+        let mut k = 0;
+        while k < self.running.len() {
+            if self.running[k].finish.is_some() {
+                let s = self.running.swap_remove(k);
+                self.retire(s);
+            } else {
+                k += 1;
+            }
+        }
+        let mut k = 0;
+        while k < self.waiting.len() {
+            if self.waiting[k].finish.is_some() {
+                if let Some(s) = self.waiting.remove(k) {
+                    self.retire(s);
+                }
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    fn retire(&mut self, mut s: Sequence) {
+        self.kv.release(&mut s.table);
+        let reason = s.finish.unwrap_or(FinishReason::Error);
+        let done = s.done_event(reason);
+        self.shared.record_job(&s, &done, self.model_name());
+        tracing::debug!(
+            job = s.job,
+            reason = reason.as_str(),
+            prompt_tokens = done.usage.prompt_tokens,
+            completion_tokens = done.usage.completion_tokens,
+            "sequence finished"
+        );
+        let _ = s.events.send(ServerMessage::Done(done));
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn model_name(&self) -> &str {
+        self.shared.model_name()
+    }
+
+    fn publish(&self) {
+        self.shared.set_load(
+            self.running.len(),
+            self.waiting.len(),
+            self.kv.used_blocks(),
+            self.kv.total_blocks(),
+        );
+    }
+}
+
+/// Samples the next token of `s` from `logits`, streams it, and decides whether the
+/// sequence ends here.
+fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: usize) {
+    // Logprobs describe the model's own distribution, before penalties and temperature.
+    let (token, lp) = match s.logprobs {
+        Some(n) => {
+            let (token, lp) = s
+                .sampler
+                .sample_with_logprobs(logits, &s.tokens, n as usize, tok);
+            (token, Some(lp))
+        }
+        None => (s.sampler.sample(logits, &s.tokens), None),
+    };
+    let now = Instant::now();
+    s.timings.first_token.get_or_insert(now);
+    s.timings.last_token = Some(now);
+    s.tokens.push(token);
+
+    let mut text = String::new();
+    let eog = tok.is_eog(token);
+    if !eog {
+        let delta = s.decoder.push(tok, token);
+        let out = s.stop.push(&delta);
+        text.push_str(&out.text);
+        if out.stopped {
+            s.finish = Some(FinishReason::Stop);
+        }
+    } else {
+        s.finish = Some(FinishReason::Stop);
+    }
+    if s.finish.is_none() && (s.completion_tokens() >= s.max_tokens || s.tokens.len() >= ctx) {
+        s.finish = Some(FinishReason::Length);
+    }
+    if s.finish.is_some() && !s.stop.is_stopped() {
+        // Ending for a reason other than a stop string: release text held back as a
+        // possible stop-string prefix, and any incomplete character (lossily).
+        let tail = s.decoder.finish();
+        text.push_str(&s.stop.push(&tail).text);
+        text.push_str(&s.stop.finish());
+    }
+    let event = TokenEvent {
+        id: s.request_id,
+        token,
+        text,
+        logprobs: lp,
+    };
+    s.send_token(event);
+}

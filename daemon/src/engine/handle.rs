@@ -1,0 +1,468 @@
+//! The engine's public face: starts the engine thread and implements [`Engine`] for the
+//! server. Requests are validated, templated and tokenized here, on the caller's
+//! thread, so that a bad request is refused at once and the engine thread only ever
+//! sees work it can run.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use spark_client::protocol::{
+    ErrorEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo, PromptInput,
+    StatusReport, TokenPiece,
+};
+
+use crate::model::{Model, Workspace, BLOCK_TOKENS};
+use crate::text::{
+    sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
+};
+
+use super::api::{ConnId, Engine, Submission};
+use super::core::{Command, EngineCore, EngineLimits, EngineParts};
+use super::jobs::{unix_ms, Shared};
+use super::sequence::{SeqTimings, Sequence};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The name clients use for the model (`GenerateRequest::model`).
+    pub model_name: String,
+    pub threads: usize,
+    /// KV cache size in tokens, shared by all sequences.
+    pub kv_tokens: usize,
+    /// Cap on prompt + completion per request; the model's context when larger.
+    pub context_limit: Option<usize>,
+    pub max_running: usize,
+    /// Requests waiting beyond the running ones; past this, `Busy`.
+    pub max_queued: usize,
+    pub step_tokens: usize,
+    pub keep_jobs: usize,
+    /// Replaces the model's own chat template.
+    pub chat_template: Option<String>,
+}
+
+impl EngineConfig {
+    pub fn new(model_name: impl Into<String>) -> Self {
+        EngineConfig {
+            model_name: model_name.into(),
+            threads: crate::backend::cpu::physical_cores(),
+            kv_tokens: 16 * 1024,
+            context_limit: None,
+            max_running: 16,
+            max_queued: 64,
+            step_tokens: 512,
+            keep_jobs: 1000,
+            chat_template: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("tokenizer: {0}")]
+    Tokenizer(TextError),
+    #[error("chat template: {0}")]
+    Template(TextError),
+    #[error("cannot start the engine thread: {0}")]
+    Thread(std::io::Error),
+}
+
+pub struct EngineHandle {
+    commands: Mutex<Sender<Command>>,
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    shared: Arc<Shared>,
+    config: EngineConfig,
+    context: usize,
+    /// Positions the whole KV cache holds: no single prompt may need more.
+    kv_capacity: usize,
+    next_job: AtomicU64,
+    in_flight: Arc<AtomicUsize>,
+    started: Instant,
+    threads: usize,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
+    ErrorEvent {
+        id: Some(id),
+        kind,
+        message: message.into(),
+    }
+}
+
+impl EngineHandle {
+    pub fn start(model: Model, config: EngineConfig) -> Result<Arc<Self>, EngineError> {
+        let spec =
+            TokenizerSpec::from_gguf(model.file.metadata()).map_err(EngineError::Tokenizer)?;
+        let tokenizer = Arc::new(Tokenizer::new(spec).map_err(EngineError::Tokenizer)?);
+        let template = match &config.chat_template {
+            Some(src) => Some(ChatTemplate::new(src).map_err(EngineError::Template)?),
+            None => {
+                ChatTemplate::from_gguf(model.file.metadata()).map_err(EngineError::Template)?
+            }
+        };
+        let context = config
+            .context_limit
+            .map_or(model.config.context_length, |c| {
+                c.min(model.config.context_length)
+            });
+        let model = Arc::new(model);
+        let shared = Arc::new(Shared::new(config.model_name.clone(), config.keep_jobs));
+        let kv = model.new_kv_cache(config.kv_tokens.max(BLOCK_TOKENS));
+        let kv_capacity = kv.total_blocks() * BLOCK_TOKENS;
+        let ws = Workspace::new(config.threads);
+        let threads = ws.threads();
+        let (tx, rx) = channel();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let parts = EngineParts {
+            model: model.clone(),
+            tokenizer: tokenizer.clone(),
+            kv,
+            ws,
+            limits: EngineLimits {
+                max_running: config.max_running.max(1),
+                step_tokens: config.step_tokens.max(1),
+            },
+        };
+        let core = EngineCore::new(parts, rx, shared.clone(), in_flight.clone());
+        let thread = std::thread::Builder::new()
+            .name("sparkd-engine".into())
+            .spawn(move || core.run())
+            .map_err(EngineError::Thread)?;
+        tracing::info!(
+            model = %config.model_name,
+            threads,
+            kv_tokens = config.kv_tokens,
+            context,
+            "engine started"
+        );
+        Ok(Arc::new(EngineHandle {
+            commands: Mutex::new(tx),
+            model,
+            tokenizer,
+            template,
+            shared,
+            config,
+            context,
+            kv_capacity,
+            next_job: AtomicU64::new(1),
+            in_flight,
+            started: Instant::now(),
+            threads,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    fn send(&self, cmd: Command) -> bool {
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(cmd)
+            .is_ok()
+    }
+
+    /// Stops admitting work; running generations may finish until `grace` has passed,
+    /// then every open stream gets `Done` with `FinishReason::Shutdown`.
+    pub fn shutdown(&self, grace: Duration) {
+        self.send(Command::Shutdown {
+            deadline: Instant::now() + grace,
+        });
+    }
+
+    /// Waits for the engine thread to end (after `shutdown`).
+    pub fn join(&self) {
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+
+    /// Turns a request into prompt tokens, or says exactly what is wrong with it.
+    pub fn prompt_tokens(&self, req: &GenerateRequest) -> Result<Vec<u32>, ErrorEvent> {
+        let id = req.id;
+        match &req.input {
+            PromptInput::Chat { messages } => {
+                if messages.is_empty() {
+                    return Err(invalid(
+                        id,
+                        ErrorKind::InvalidRequest,
+                        "messages: at least one message is required",
+                    ));
+                }
+                let template = self.template.as_ref().ok_or_else(|| {
+                    invalid(
+                        id,
+                        ErrorKind::InvalidRequest,
+                        "this model has no chat template; send a raw prompt or start sparkd with --chat-template",
+                    )
+                })?;
+                let text = template
+                    .render_prompt(messages, &self.tokenizer)
+                    .map_err(|e| {
+                        invalid(id, ErrorKind::InvalidRequest, format!("chat template: {e}"))
+                    })?;
+                Ok(self.tokenizer.encode(&text, true, true))
+            }
+            PromptInput::Raw { text, special } => Ok(self.tokenizer.encode(text, true, *special)),
+        }
+    }
+
+    fn build_sequence(&self, sub: Submission) -> Result<Box<Sequence>, ErrorEvent> {
+        let req = &sub.request;
+        let id = req.id;
+        if let Some(name) = &req.model {
+            if !self.answers_to(name) {
+                return Err(invalid(
+                    id,
+                    ErrorKind::UnknownModel,
+                    format!(
+                        "model `{name}` is not loaded (this daemon serves `{}`)",
+                        self.config.model_name
+                    ),
+                ));
+            }
+        }
+        if req.max_tokens == Some(0) {
+            return Err(invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "max_tokens must be at least 1",
+            ));
+        }
+        if let Some(n) = req.logprobs {
+            if n > 20 {
+                return Err(invalid(
+                    id,
+                    ErrorKind::InvalidRequest,
+                    format!("logprobs: {n} alternatives asked, at most 20"),
+                ));
+            }
+        }
+        if req.stop.iter().any(|s| s.is_empty()) {
+            return Err(invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "stop: stop strings must not be empty",
+            ));
+        }
+        sampler::validate(&req.sampling, self.tokenizer.vocab_size())
+            .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
+        let tokens = self.prompt_tokens(req)?;
+        if tokens.is_empty() {
+            return Err(invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "the prompt is empty",
+            ));
+        }
+        let n_prompt = tokens.len();
+        let room = self.context.saturating_sub(n_prompt);
+        let max_tokens = match req.max_tokens {
+            Some(m) if n_prompt + m as usize > self.context => {
+                return Err(invalid(
+                    id,
+                    ErrorKind::ContextOverflow,
+                    format!(
+                        "prompt of {n_prompt} tokens plus max_tokens {m} exceeds the context of {} tokens",
+                        self.context
+                    ),
+                ))
+            }
+            Some(m) => m as usize,
+            None if room == 0 => {
+                return Err(invalid(
+                    id,
+                    ErrorKind::ContextOverflow,
+                    format!("prompt of {n_prompt} tokens fills the context of {} tokens", self.context),
+                ))
+            }
+            None => room,
+        };
+        let kv_capacity = self.kv_capacity;
+        if n_prompt + 1 > kv_capacity {
+            return Err(invalid(
+                id,
+                ErrorKind::ContextOverflow,
+                format!(
+                    "prompt of {n_prompt} tokens does not fit the KV cache of {kv_capacity} tokens"
+                ),
+            ));
+        }
+        let mut sampling = req.sampling.clone();
+        if sampling.seed.is_none() {
+            sampling.seed = Some(rand::random());
+        }
+        let sampler = Sampler::new(&sampling, self.tokenizer.vocab_size())
+            .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
+        Ok(Box::new(Sequence {
+            job: self.next_job.fetch_add(1, Ordering::Relaxed),
+            conn: sub.conn,
+            request_id: id,
+            client: sub.client,
+            tokens,
+            n_prompt,
+            n_cached: 0,
+            max_tokens,
+            table: Default::default(),
+            sampler,
+            decoder: StreamDecoder::skipping_control(),
+            stop: StopMatcher::new(&req.stop),
+            logprobs: req.logprobs,
+            events: sub.events,
+            timings: SeqTimings {
+                arrived: Some(sub.arrived),
+                ..Default::default()
+            },
+            started_unix_ms: unix_ms(SystemTime::now()),
+            finish: None,
+        }))
+    }
+
+    fn answers_to(&self, name: &str) -> bool {
+        name == self.config.model_name
+            || Path::new(name) == self.model.path
+            || self.model.path.file_stem().is_some_and(|s| s == name)
+    }
+
+    pub fn model_info(&self) -> ModelInfo {
+        let m = &self.model;
+        ModelInfo {
+            name: self.config.model_name.clone(),
+            path: m.path.display().to_string(),
+            architecture: m.config.arch.name().into(),
+            quantization: m.quantization(),
+            parameters: m.parameter_count(),
+            context_length: self.context as u32,
+            file_bytes: m.file.file_len(),
+        }
+    }
+}
+
+impl Engine for EngineHandle {
+    fn submit(&self, sub: Submission) -> Result<(), ErrorEvent> {
+        let id = sub.request.id;
+        let limit = self.config.max_running + self.config.max_queued;
+        // Count first so that concurrent submissions cannot all slip under the limit.
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(invalid(
+                id,
+                ErrorKind::Busy,
+                format!("sparkd is busy: {limit} requests running or queued"),
+            ));
+        }
+        let seq = match self.build_sequence(sub) {
+            Ok(s) => s,
+            Err(e) => {
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        if !self.send(Command::Submit(seq)) {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(invalid(
+                id,
+                ErrorKind::ShuttingDown,
+                "the engine has stopped",
+            ));
+        }
+        Ok(())
+    }
+
+    fn cancel(&self, conn: ConnId, request_id: u64, reason: FinishReason) {
+        self.send(Command::Cancel {
+            conn,
+            request_id,
+            reason,
+        });
+    }
+
+    fn cancel_connection(&self, conn: ConnId) {
+        self.send(Command::CancelConnection(conn));
+    }
+
+    fn tokenize(&self, text: &str, special: bool) -> Result<Vec<TokenPiece>, ErrorEvent> {
+        Ok(self
+            .tokenizer
+            .encode(text, false, special)
+            .into_iter()
+            .map(|id| TokenPiece {
+                id,
+                piece: self.tokenizer.piece(id),
+            })
+            .collect())
+    }
+
+    fn status(&self) -> StatusReport {
+        let load = self.shared.load();
+        StatusReport {
+            daemon_version: env!("CARGO_PKG_VERSION").into(),
+            model: self.model_info(),
+            backend: "cpu".into(),
+            device: describe_cpu(self.threads),
+            resident_bytes: resident_bytes(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            running: load.running as u32,
+            queued: load.queued as u32,
+            kv_blocks_used: load.kv_used as u32,
+            kv_blocks_total: load.kv_total as u32,
+            kv_block_tokens: BLOCK_TOKENS as u32,
+            requests_served: load.requests_served,
+            tokens_generated: load.tokens_generated,
+            prompt_tokens_processed: load.prompt_tokens,
+        }
+    }
+
+    fn jobs(&self, limit: usize) -> Vec<JobRecord> {
+        self.shared.recent_jobs(limit)
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        vec![self.model_info()]
+    }
+}
+
+/// E.g. `AMD EPYC · 2 threads · avx2 kernels`.
+fn describe_cpu(threads: usize) -> String {
+    let mut sys = sysinfo::System::new();
+    sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+    let brand = sys
+        .cpus()
+        .first()
+        .map(|c| c.brand().trim().to_string())
+        .filter(|b| !b.is_empty());
+    format!(
+        "{} · {threads} threads · {} kernels",
+        brand.unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+        crate::backend::cpu::kernel_name()
+    )
+}
+
+/// This process's resident memory (mapped model pages that were touched included).
+pub fn resident_bytes() -> u64 {
+    use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
+    let pid = Pid::from_u32(std::process::id());
+    let mut sys = System::new();
+    sys.refresh_processes_specifics(
+        ProcessesToUpdate::Some(&[pid]),
+        true,
+        ProcessRefreshKind::nothing().with_memory(),
+    );
+    sys.process(pid).map_or(0, |p| p.memory())
+}

@@ -1,0 +1,108 @@
+//! State the engine thread publishes for everyone else: load figures for `Status`, the
+//! totals, and the ring of recently finished jobs (counts and timings, never text).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use spark_client::protocol::{DoneEvent, JobRecord};
+
+use super::sequence::Sequence;
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Load {
+    pub running: usize,
+    pub queued: usize,
+    pub kv_used: usize,
+    pub kv_total: usize,
+    pub requests_served: u64,
+    pub tokens_generated: u64,
+    pub prompt_tokens: u64,
+    pub steps: u64,
+}
+
+pub struct Shared {
+    model_name: String,
+    keep_jobs: usize,
+    load: Mutex<Load>,
+    jobs: Mutex<VecDeque<JobRecord>>,
+    /// When the engine loop last went round; the watchdog's evidence of life.
+    heartbeat: Mutex<Instant>,
+}
+
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Shared {
+    pub fn new(model_name: String, keep_jobs: usize) -> Self {
+        Shared {
+            model_name,
+            keep_jobs,
+            load: Mutex::new(Load::default()),
+            jobs: Mutex::new(VecDeque::new()),
+            heartbeat: Mutex::new(Instant::now()),
+        }
+    }
+
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    pub fn load(&self) -> Load {
+        *self.load.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn heartbeat(&self) -> Instant {
+        *self.heartbeat.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_load(&self, running: usize, queued: usize, kv_used: usize, kv_total: usize) {
+        let mut l = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        l.running = running;
+        l.queued = queued;
+        l.kv_used = kv_used;
+        l.kv_total = kv_total;
+        drop(l);
+        *self.heartbeat.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    pub(crate) fn record_step(&self, _elapsed: Duration) {
+        self.load.lock().unwrap_or_else(|e| e.into_inner()).steps += 1;
+    }
+
+    pub(crate) fn record_job(&self, s: &Sequence, done: &DoneEvent, model: &str) {
+        {
+            let mut l = self.load.lock().unwrap_or_else(|e| e.into_inner());
+            l.requests_served += 1;
+            l.tokens_generated += done.usage.completion_tokens as u64;
+            l.prompt_tokens += done.usage.prompt_tokens as u64;
+        }
+        let record = JobRecord {
+            job: s.job,
+            request_id: s.request_id,
+            client_pid: s.client.pid,
+            client_uid: s.client.uid,
+            model: model.to_string(),
+            engine: "sparkd".into(),
+            started_unix_ms: s.started_unix_ms,
+            finished_unix_ms: unix_ms(SystemTime::now()),
+            usage: done.usage,
+            timings: done.timings,
+            finish_reason: done.finish_reason,
+            estimated: false,
+        };
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if jobs.len() >= self.keep_jobs.max(1) {
+            jobs.pop_front();
+        }
+        jobs.push_back(record);
+    }
+
+    /// Most recent first.
+    pub fn recent_jobs(&self, limit: usize) -> Vec<JobRecord> {
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.iter().rev().take(limit).cloned().collect()
+    }
+}

@@ -1,0 +1,188 @@
+//! An open GGUF file: the validated header plus the file bytes (memory-mapped, or owned
+//! for tests and fuzzing), from which tensor data is borrowed without copying.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use super::error::GgufError;
+use super::metadata::Metadata;
+use super::parse::{parse, Header};
+use super::tensor::TensorInfo;
+
+/// Memory alignment of the file's first byte when it is held in a `Vec`, so tensor
+/// data is as aligned in memory as in the file (up to this), as it is when mapped.
+const OWNED_ALIGN: usize = 64;
+
+enum Backing {
+    Mmap(Mmap),
+    /// The file is `buf[start..]`; `start` pads it to `OWNED_ALIGN` in memory.
+    Owned {
+        buf: Vec<u8>,
+        start: usize,
+    },
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Mmap(m) => m,
+            Self::Owned { buf, start } => buf.get(*start..).unwrap_or_default(),
+        }
+    }
+
+    /// Keeps `bytes` if it already starts on `OWNED_ALIGN`, otherwise copies it to an
+    /// offset that does (allocators only promise 8 or 16). Block and f32 views of
+    /// tensor data can then rely on alignment whichever way the file was loaded.
+    fn owned(bytes: Vec<u8>) -> Self {
+        let misalignment = |v: &Vec<u8>| v.as_ptr().addr().wrapping_neg() % OWNED_ALIGN;
+        if bytes.is_empty() || misalignment(&bytes) == 0 {
+            return Self::Owned {
+                buf: bytes,
+                start: 0,
+            };
+        }
+        let mut buf = Vec::with_capacity(bytes.len() + OWNED_ALIGN);
+        let start = misalignment(&buf);
+        buf.resize(start, 0);
+        // Within capacity: the heap buffer does not move, so `start` stays aligned.
+        buf.extend_from_slice(&bytes);
+        Self::Owned { buf, start }
+    }
+}
+
+/// A parsed GGUF file. Only the header is parsed on open; tensor data stays in the page
+/// cache until a caller reads it through [`tensor_data`](Self::tensor_data).
+pub struct GgufFile {
+    backing: Backing,
+    version: u32,
+    metadata: Metadata,
+    tensors: Vec<TensorInfo>,
+    index: HashMap<String, usize>,
+    alignment: u64,
+    data_offset: u64,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("version", &self.version)
+            .field("file_len", &self.file_len())
+            .field("metadata_entries", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .field("alignment", &self.alignment)
+            .field("data_offset", &self.data_offset)
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Memory-maps `path` read-only and parses its header.
+    pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let map = map_read_only(&file).map_err(io)?;
+        Self::from_backing(Backing::Mmap(map))
+    }
+
+    /// Parses a file held in memory. The bytes may be copied once, to align them.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        Self::from_backing(Backing::owned(bytes))
+    }
+
+    fn from_backing(backing: Backing) -> Result<GgufFile, GgufError> {
+        let Header {
+            version,
+            metadata,
+            tensors,
+            index,
+            alignment,
+            data_offset,
+        } = parse(backing.bytes())?;
+        Ok(GgufFile {
+            backing,
+            version,
+            metadata,
+            tensors,
+            index,
+            alignment,
+            data_offset,
+        })
+    }
+
+    /// GGUF format version: 2 or 3.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Tensor infos in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// Like [`tensor`](Self::tensor), with a [`GgufError::MissingTensor`] naming it.
+    pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo, GgufError> {
+        self.tensor(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))
+    }
+
+    /// The bytes of tensor `t`. Ranges of this file's infos were checked at parse time;
+    /// an info from another file whose range does not fit gives an empty slice.
+    ///
+    /// In memory the slice is aligned to the file's alignment, up to 64 bytes for
+    /// [`from_bytes`](Self::from_bytes) and up to the page size for [`open`](Self::open).
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let range = usize::try_from(t.offset)
+            .ok()
+            .zip(usize::try_from(t.n_bytes).ok())
+            .and_then(|(start, len)| Some(start..start.checked_add(len)?));
+        range.and_then(|r| self.bytes().get(r)).unwrap_or_default()
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.bytes().len() as u64
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Offset of the data section, to which tensor offsets in the file are relative.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// Whether the bytes are memory-mapped (as opposed to owned).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.backing, Backing::Mmap(_))
+    }
+}
+
+/// The one `unsafe` of the GGUF module.
+fn map_read_only(file: &File) -> std::io::Result<Mmap> {
+    // SAFETY: the mapping is read-only and only ever exposed as `&[u8]`. memmap2's
+    // caveat is that another process truncating or rewriting the file while it is
+    // mapped changes (or faults on) memory Rust considers immutable. Model files are
+    // written once and replaced by rename (as `GgufWriter::write_file` does), which
+    // leaves an existing mapping on the old inode intact; in-place modification of a
+    // model that a daemon is serving is outside what sparkd supports.
+    unsafe { Mmap::map(file) }
+}

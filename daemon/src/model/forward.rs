@@ -1,0 +1,421 @@
+//! The batched, stateless Llama-family forward pass on the CPU.
+//!
+//! One call processes a batch of sequences, each contributing some new tokens (a
+//! prefill chunk or a single decode token) at its own positions. All new tokens of the
+//! batch go through every weight matrix together, so each weight block is read once per
+//! step whatever the batch size. Sequence state lives in the caller's KV cache and block
+//! tables; the model itself is immutable.
+
+use std::time::{Duration, Instant};
+
+use crate::backend::cpu::{matmul, MatmulScratch, ThreadPool};
+
+use super::config::{ModelConfig, MAX_GQA_GROUP};
+use super::kv::{BlockTable, KvCache, BLOCK_TOKENS};
+use super::ops;
+use super::Model;
+
+/// One sequence's part of a forward step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    pub table: &'a BlockTable,
+    /// New tokens, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    /// Whether the caller wants logits for this sequence's last new token.
+    pub want_logits: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ForwardError {
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { token: u32, vocab: usize },
+    #[error("position {pos} is past the context length {ctx}")]
+    PastContext { pos: usize, ctx: usize },
+    #[error("position {pos} has no KV block reserved (table holds {capacity})")]
+    NoKvBlock { pos: usize, capacity: usize },
+    #[error("a sequence in the batch has no tokens")]
+    EmptySequence,
+}
+
+/// Reusable buffers for forward steps, plus the thread pool. One per engine; nothing in
+/// it outlives a step except capacity.
+pub struct Workspace {
+    pool: ThreadPool,
+    scratch: MatmulScratch,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    last: Vec<f32>,
+    logits: Vec<f32>,
+    /// For each new token of the step: (batch item, position).
+    token_pos: Vec<(usize, usize)>,
+    logit_rows: usize,
+}
+
+impl Workspace {
+    pub fn new(threads: usize) -> Self {
+        Workspace {
+            pool: ThreadPool::new(threads.max(1)),
+            scratch: MatmulScratch::default(),
+            x: Vec::new(),
+            xn: Vec::new(),
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+            attn: Vec::new(),
+            proj: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            last: Vec::new(),
+            logits: Vec::new(),
+            token_pos: Vec::new(),
+            logit_rows: 0,
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Logits of the `i`-th batch item that asked for them (in batch order).
+    pub fn logits(&self, i: usize, vocab: usize) -> &[f32] {
+        &self.logits[i * vocab..(i + 1) * vocab]
+    }
+
+    pub fn logits_mut(&mut self, i: usize, vocab: usize) -> &mut [f32] {
+        &mut self.logits[i * vocab..(i + 1) * vocab]
+    }
+
+    pub fn logit_rows(&self) -> usize {
+        self.logit_rows
+    }
+
+    fn resize(&mut self, cfg: &ModelConfig, n: usize, n_logits: usize) {
+        let fit = |v: &mut Vec<f32>, len: usize| {
+            v.clear();
+            v.resize(len, 0.0);
+        };
+        fit(&mut self.x, n * cfg.d_model);
+        fit(&mut self.xn, n * cfg.d_model);
+        fit(&mut self.q, n * cfg.q_dim());
+        fit(&mut self.k, n * cfg.kv_dim());
+        fit(&mut self.v, n * cfg.kv_dim());
+        fit(&mut self.attn, n * cfg.q_dim());
+        fit(&mut self.proj, n * cfg.d_model);
+        fit(&mut self.gate, n * cfg.ffn_dim);
+        fit(&mut self.up, n * cfg.ffn_dim);
+        fit(&mut self.last, n_logits * cfg.d_model);
+        fit(&mut self.logits, n_logits * cfg.vocab_size);
+    }
+}
+
+/// A raw pointer that worker threads write through, each to ranges no other thread
+/// touches in the same parallel section (see each use).
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: only used inside `ThreadPool::run` sections whose tasks write disjoint ranges
+// of a buffer that outlives the section.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// # Safety
+    /// `offset..offset + len` lies inside the buffer, and no other thread touches that
+    /// range while the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, offset: usize, len: usize) -> &mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(offset), len)
+    }
+}
+
+impl Model {
+    /// Runs one step over `batch`, writing its K/V into `kv` and the requested logits
+    /// into `ws`. Returns the step's duration so the engine can book it on every
+    /// sequence in the step.
+    pub fn forward(
+        &self,
+        batch: &[SeqInput<'_>],
+        kv: &mut KvCache,
+        ws: &mut Workspace,
+    ) -> Result<Duration, ForwardError> {
+        let started = Instant::now();
+        let cfg = &self.config;
+        self.check_batch(batch)?;
+        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let n_logits = batch.iter().filter(|s| s.want_logits).count();
+        ws.resize(cfg, n, n_logits);
+        ws.logit_rows = n_logits;
+        ws.token_pos.clear();
+        for (i, s) in batch.iter().enumerate() {
+            ws.token_pos
+                .extend((0..s.tokens.len()).map(|j| (i, s.start_pos + j)));
+        }
+
+        let file = &self.file;
+        let w = &self.weights;
+        let d = cfg.d_model;
+        let embd = w.tok_embd.view(file);
+        for (t, &tok) in batch.iter().flat_map(|s| s.tokens).enumerate() {
+            crate::backend::cpu::dequantize_row(&embd, tok as usize, &mut ws.x[t * d..(t + 1) * d]);
+        }
+
+        let (q_dim, kv_dim, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let style = cfg.arch.rope_style();
+        for (li, layer) in w.layers.iter().enumerate() {
+            for t in 0..n {
+                let r = t * d..(t + 1) * d;
+                ops::rms_norm(
+                    &ws.x[r.clone()],
+                    &layer.attn_norm,
+                    cfg.rms_eps,
+                    &mut ws.xn[r],
+                );
+            }
+            matmul(
+                &ws.pool,
+                &layer.wq.view(file),
+                &ws.xn,
+                n,
+                &mut ws.q,
+                &mut ws.scratch,
+            );
+            matmul(
+                &ws.pool,
+                &layer.wk.view(file),
+                &ws.xn,
+                n,
+                &mut ws.k,
+                &mut ws.scratch,
+            );
+            matmul(
+                &ws.pool,
+                &layer.wv.view(file),
+                &ws.xn,
+                n,
+                &mut ws.v,
+                &mut ws.scratch,
+            );
+            for t in 0..n {
+                if let Some(b) = &layer.bq {
+                    ops::add_assign(&mut ws.q[t * q_dim..(t + 1) * q_dim], b);
+                }
+                if let Some(b) = &layer.bk {
+                    ops::add_assign(&mut ws.k[t * kv_dim..(t + 1) * kv_dim], b);
+                }
+                if let Some(b) = &layer.bv {
+                    ops::add_assign(&mut ws.v[t * kv_dim..(t + 1) * kv_dim], b);
+                }
+                let pos = ws.token_pos[t].1 as f32 / cfg.rope_linear_scale;
+                for h in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
+                    if let Some(g) = &layer.q_norm {
+                        ops::rms_norm_in_place(h, g, cfg.rms_eps);
+                    }
+                    ops::rope(h, pos, &w.rope_inv_freq, style);
+                }
+                for h in ws.k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
+                    if let Some(g) = &layer.k_norm {
+                        ops::rms_norm_in_place(h, g, cfg.rms_eps);
+                    }
+                    ops::rope(h, pos, &w.rope_inv_freq, style);
+                }
+                let (item, p) = ws.token_pos[t];
+                let kv_range = t * kv_dim..(t + 1) * kv_dim;
+                kv.write(
+                    li,
+                    batch[item].table,
+                    p,
+                    &ws.k[kv_range.clone()],
+                    &ws.v[kv_range],
+                );
+            }
+            self.attention(li, batch, kv, ws);
+            matmul(
+                &ws.pool,
+                &layer.wo.view(file),
+                &ws.attn,
+                n,
+                &mut ws.proj,
+                &mut ws.scratch,
+            );
+            ops::add_assign(&mut ws.x, &ws.proj);
+
+            for t in 0..n {
+                let r = t * d..(t + 1) * d;
+                ops::rms_norm(
+                    &ws.x[r.clone()],
+                    &layer.ffn_norm,
+                    cfg.rms_eps,
+                    &mut ws.xn[r],
+                );
+            }
+            matmul(
+                &ws.pool,
+                &layer.w_gate.view(file),
+                &ws.xn,
+                n,
+                &mut ws.gate,
+                &mut ws.scratch,
+            );
+            matmul(
+                &ws.pool,
+                &layer.w_up.view(file),
+                &ws.xn,
+                n,
+                &mut ws.up,
+                &mut ws.scratch,
+            );
+            ops::silu_mul(&mut ws.gate, &ws.up);
+            matmul(
+                &ws.pool,
+                &layer.w_down.view(file),
+                &ws.gate,
+                n,
+                &mut ws.proj,
+                &mut ws.scratch,
+            );
+            ops::add_assign(&mut ws.x, &ws.proj);
+        }
+
+        // Only the last new token of a sequence that asked for logits goes through the
+        // final norm and the (large) output head.
+        let mut row = 0;
+        let mut t_end = 0;
+        for s in batch {
+            t_end += s.tokens.len();
+            if s.want_logits {
+                let r = (t_end - 1) * d..t_end * d;
+                ops::rms_norm(
+                    &ws.x[r],
+                    &w.output_norm,
+                    cfg.rms_eps,
+                    &mut ws.last[row * d..(row + 1) * d],
+                );
+                row += 1;
+            }
+        }
+        if n_logits > 0 {
+            matmul(
+                &ws.pool,
+                &w.output.view(file),
+                &ws.last,
+                n_logits,
+                &mut ws.logits,
+                &mut ws.scratch,
+            );
+        }
+        Ok(started.elapsed())
+    }
+
+    fn check_batch(&self, batch: &[SeqInput<'_>]) -> Result<(), ForwardError> {
+        let cfg = &self.config;
+        for s in batch {
+            if s.tokens.is_empty() {
+                return Err(ForwardError::EmptySequence);
+            }
+            if let Some(&token) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+                return Err(ForwardError::TokenOutOfRange {
+                    token,
+                    vocab: cfg.vocab_size,
+                });
+            }
+            let end = s.start_pos + s.tokens.len();
+            if end > cfg.context_length {
+                return Err(ForwardError::PastContext {
+                    pos: end - 1,
+                    ctx: cfg.context_length,
+                });
+            }
+            if end > s.table.capacity() {
+                return Err(ForwardError::NoKvBlock {
+                    pos: end - 1,
+                    capacity: s.table.capacity(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Causal grouped-query attention of every new token over its sequence's cached
+    /// positions. Tasks are (token, kv head) pairs spread over the pool; the query heads
+    /// sharing a kv head are done together so each cached key is read once for them.
+    fn attention(&self, layer: usize, batch: &[SeqInput<'_>], kv: &KvCache, ws: &mut Workspace) {
+        let cfg = &self.config;
+        let (hd, q_dim, kv_dim) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+        let group = cfg.n_heads / cfg.n_kv_heads;
+        let n_tasks = ws.token_pos.len() * cfg.n_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let out = SharedOut(ws.attn.as_mut_ptr());
+        let q = &ws.q;
+        let token_pos = &ws.token_pos;
+        let task = |task: usize, acc: &mut Vec<f32>| {
+            let (t, g) = (task / cfg.n_kv_heads, task % cfg.n_kv_heads);
+            let (item, pos) = token_pos[t];
+            let table = batch[item].table;
+            let q_heads = &q[t * q_dim + g * group * hd..t * q_dim + (g + 1) * group * hd];
+            acc.clear();
+            acc.resize(group * hd, 0.0);
+            // Online softmax: running max and denominator per query head, so no
+            // per-position score buffer is needed whatever the context length.
+            let mut max = [f32::NEG_INFINITY; MAX_GQA_GROUP];
+            let mut denom = [0.0f32; MAX_GQA_GROUP];
+            let n_pos = pos + 1;
+            for (bi, &block) in table.blocks().iter().enumerate() {
+                let first = bi * BLOCK_TOKENS;
+                if first >= n_pos {
+                    break;
+                }
+                let slots = (n_pos - first).min(BLOCK_TOKENS);
+                let keys = kv.key_block(layer, block as usize);
+                let values = kv.value_block(layer, block as usize);
+                for s in 0..slots {
+                    let k = &keys[s * kv_dim + g * hd..s * kv_dim + (g + 1) * hd];
+                    let v = &values[s * kv_dim + g * hd..s * kv_dim + (g + 1) * hd];
+                    for h in 0..group {
+                        let score = ops::dot(&q_heads[h * hd..(h + 1) * hd], k) * scale;
+                        let a = &mut acc[h * hd..(h + 1) * hd];
+                        if score > max[h] {
+                            let rescale = (max[h] - score).exp();
+                            denom[h] *= rescale;
+                            a.iter_mut().for_each(|x| *x *= rescale);
+                            max[h] = score;
+                        }
+                        let p = (score - max[h]).exp();
+                        denom[h] += p;
+                        ops::axpy(p, v, a);
+                    }
+                }
+            }
+            for h in 0..group {
+                let inv = 1.0 / denom[h];
+                let o = t * q_dim + (g * group + h) * hd;
+                // SAFETY: task (t, g) writes only attn[t][g*group*hd .. (g+1)*group*hd],
+                // which no other task writes; `attn` is sized n * q_dim by `resize`.
+                let dst = unsafe { out.range(o, hd) };
+                for (d, &a) in dst.iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
+                    *d = a * inv;
+                }
+            }
+        };
+        if n_tasks <= cfg.n_kv_heads {
+            // A single decode token: not worth waking the pool.
+            let mut acc = Vec::new();
+            (0..n_tasks).for_each(|i| task(i, &mut acc));
+        } else {
+            ws.pool.run(&|tid, nth| {
+                let mut acc = Vec::new();
+                let mut i = tid;
+                while i < n_tasks {
+                    task(i, &mut acc);
+                    i += nth;
+                }
+            });
+        }
+    }
+}

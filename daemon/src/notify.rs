@@ -1,0 +1,84 @@
+//! systemd integration: readiness and status notifications, the watchdog, and the
+//! listening socket systemd hands over under socket activation. Every function is a
+//! no-op when systemd did not start us (no NOTIFY_SOCKET / LISTEN_FDS).
+
+use std::os::fd::FromRawFd;
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::EngineHandle;
+
+fn send(states: &[NotifyState]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::warn!(error = %e, "sd_notify failed");
+    }
+}
+
+pub fn status(text: &str) {
+    send(&[NotifyState::Status(text)]);
+}
+
+fn load_line(engine: &EngineHandle) -> String {
+    let load = engine.shared().load();
+    format!(
+        "serving {}: {} running, {} queued, {} served",
+        engine.shared().model_name(),
+        load.running,
+        load.queued,
+        load.requests_served
+    )
+}
+
+/// READY=1: the model is resident and the socket accepts.
+pub fn ready(engine: &EngineHandle) {
+    let line = load_line(engine);
+    send(&[NotifyState::Ready, NotifyState::Status(&line)]);
+}
+
+pub fn stopping() {
+    send(&[NotifyState::Stopping, NotifyState::Status("shutting down")]);
+}
+
+/// Sends WATCHDOG=1 at half the watchdog period while the engine loop is alive (its
+/// heartbeat is recent), so a wedged engine gets the service restarted; refreshes the
+/// STATUS line as well.
+pub async fn keep_alive(engine: Arc<EngineHandle>, shutdown: CancellationToken) {
+    let mut usec = 0;
+    let watchdog =
+        sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec));
+    let period = watchdog.map_or(Duration::from_secs(5), |w| {
+        (w / 2).min(Duration::from_secs(5))
+    });
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let line = load_line(&engine);
+        match watchdog {
+            Some(w) if engine.shared().heartbeat().elapsed() < w => {
+                send(&[NotifyState::Watchdog, NotifyState::Status(&line)]);
+            }
+            Some(_) => tracing::error!("engine loop unresponsive; withholding the watchdog ping"),
+            None => send(&[NotifyState::Status(&line)]),
+        }
+    }
+}
+
+/// The listening socket systemd passed us (LISTEN_FDS, for our pid), if any.
+pub fn activated_listener() -> std::io::Result<Option<UnixListener>> {
+    let mut fds = sd_notify::listen_fds()?;
+    match fds.next() {
+        // SAFETY: systemd passes us ownership of this open listening socket (fd 3); it is
+        // not used anywhere else in the process, and sd_notify checked LISTEN_PID.
+        Some(fd) => Ok(Some(unsafe { UnixListener::from_raw_fd(fd) })),
+        None => Ok(None),
+    }
+}

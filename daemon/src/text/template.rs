@@ -1,0 +1,308 @@
+//! Chat templates: the model's Jinja template (`tokenizer.chat_template`) turning a list of
+//! messages into prompt text, rendered with minijinja set up like llama.cpp's and Hugging
+//! Face's Jinja (trimmed blocks, Python string methods, `raise_exception`, `tojson`).
+//!
+//! Messages are passed to the template as data. Their content is never parsed as template
+//! code, so a user writing `{{ 7*7 }}` gets those characters, not `49`.
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind};
+use spark_client::protocol::ChatMessage;
+
+use super::{TextError, Tokenizer};
+
+const NAME: &str = "chat_template";
+
+/// A compiled chat template. Built once at model load; rendering is `&self`.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. Syntax errors are reported here, not at the first request.
+    pub fn new(source: &str) -> Result<Self, TextError> {
+        let mut env = Environment::new();
+        // llama.cpp's and transformers' chat-template settings.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|e| TextError::TemplateSyntax(describe(&e)))?;
+        Ok(Self { env })
+    }
+
+    /// The template from GGUF metadata (`tokenizer.chat_template`), or `None` when the
+    /// file has none.
+    pub fn from_gguf(meta: &crate::gguf::Metadata) -> Result<Option<Self>, TextError> {
+        meta.opt_str("tokenizer.chat_template")?
+            .map(Self::new)
+            .transpose()
+    }
+
+    /// Renders `messages`. `add_generation_prompt` appends the header of the assistant's
+    /// turn; `bos_token`/`eos_token` are the vocabulary's texts for those tokens.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String, TextError> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| TextError::TemplateRender(describe(&e)))?;
+        let ctx = minijinja::context! {
+            messages => Value::from_serialize(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        };
+        tmpl.render(ctx)
+            .map_err(|e| TextError::TemplateRender(describe(&e)))
+    }
+
+    /// The prompt for a chat request, as llama.cpp's server builds it: generation prompt
+    /// added, and a leading BOS text removed when the tokenizer adds BOS itself (so the
+    /// prompt does not start with two).
+    pub fn render_prompt(
+        &self,
+        messages: &[ChatMessage],
+        tokenizer: &Tokenizer,
+    ) -> Result<String, TextError> {
+        let text_of = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap_or("");
+        let bos = text_of(tokenizer.bos());
+        let mut prompt = self.render(messages, true, bos, text_of(tokenizer.eos()))?;
+        if tokenizer.add_bos() && !bos.is_empty() && prompt.starts_with(bos) {
+            prompt.drain(..bos.len());
+        }
+        Ok(prompt)
+    }
+}
+
+/// minijinja's message plus the chain of causes (where in the template it failed).
+fn describe(e: &Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+/// Templates call this to reject input they cannot render (e.g. roles out of order).
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("template raised: {message}"),
+    ))
+}
+
+/// `tojson` as transformers defines it for chat templates: Python's `json.dumps` with
+/// `ensure_ascii=False` (non-ASCII kept, no HTML escaping), `", "`/`": "` separators, and
+/// an optional `indent`.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let _: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(value, indent, 0, &mut out)?;
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(
+    v: &Value,
+    indent: Option<usize>,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), Error> {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => out.push_str(&v.to_string()),
+        ValueKind::String => write_json_string(v.as_str().unwrap_or_default(), out),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(item, indent, depth + 1, out)?;
+            }
+            if !items.is_empty() {
+                newline(out, depth);
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let keys: Vec<Value> = v.try_iter()?.collect();
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json_string(&key.to_string(), out);
+                out.push_str(": ");
+                write_json(&v.get_item(key)?, indent, depth + 1, out)?;
+            }
+            if !keys.is_empty() {
+                newline(out, depth);
+            }
+            out.push('}');
+        }
+        _ => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("cannot convert {} to JSON", v.kind()),
+            ))
+        }
+    }
+    Ok(())
+}
+
+fn write_json_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0C}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
+        pairs
+            .iter()
+            .map(|(r, c)| ChatMessage::new(*r, *c))
+            .collect()
+    }
+
+    #[test]
+    fn renders_chatml() {
+        let t = ChatTemplate::new(CHATML).unwrap();
+        let out = t.render(&msgs(&[("user", "Hi")]), true, "", "").unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let out = t.render(&msgs(&[("user", "Hi")]), false, "", "").unwrap();
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
+    }
+
+    #[test]
+    fn message_content_is_data_not_code() {
+        let t = ChatTemplate::new(CHATML).unwrap();
+        let content = "{{ 7*7 }} {% raw %}{% endraw %} {# no #} {{ raise_exception('x') }}";
+        let out = t
+            .render(&msgs(&[("user", content)]), false, "", "")
+            .unwrap();
+        assert_eq!(out, format!("<|im_start|>user\n{content}<|im_end|>\n"));
+    }
+
+    #[test]
+    fn syntax_and_render_errors_are_reported() {
+        let err = ChatTemplate::new("{% for m in messages %}").unwrap_err();
+        assert!(matches!(err, TextError::TemplateSyntax(_)), "{err}");
+        let t = ChatTemplate::new(
+            "{% if messages[0]['role'] != 'system' %}{{ raise_exception('System first, please') }}{% endif %}ok",
+        )
+        .unwrap();
+        let err = t.render(&msgs(&[("user", "x")]), true, "", "").unwrap_err();
+        assert!(
+            matches!(&err, TextError::TemplateRender(m) if m.contains("System first, please")),
+            "{err}"
+        );
+        assert_eq!(
+            t.render(&msgs(&[("system", "x")]), true, "", "").unwrap(),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn python_string_methods_and_loop_controls() {
+        let src = "{% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}{{ m.content.strip().upper() }}{% if m.content.startswith(' a') %}!{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(src).unwrap();
+        let out = t
+            .render(
+                &msgs(&[("user", " abc "), ("skip", "no"), ("user", "d")]),
+                true,
+                "",
+                "",
+            )
+            .unwrap();
+        assert_eq!(out, "ABC!D");
+    }
+
+    #[test]
+    fn blocks_are_trimmed_like_llama_cpp() {
+        let src = "{% for m in messages %}\n    {% if true %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}";
+        let t = ChatTemplate::new(src).unwrap();
+        assert_eq!(
+            t.render(&msgs(&[("user", "a"), ("user", "b")]), true, "", "")
+                .unwrap(),
+            "a\nb\n"
+        );
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let t = ChatTemplate::new(
+            "{{ messages | tojson }}|{{ {'a': [1, 2.5, none, true]} | tojson(indent=2) }}",
+        )
+        .unwrap();
+        let out = t
+            .render(&msgs(&[("user", "é \"q\"\n<b>")]), true, "", "")
+            .unwrap();
+        assert_eq!(
+            out,
+            "[{\"role\": \"user\", \"content\": \"é \\\"q\\\"\\n<b>\"}]|{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}"
+        );
+    }
+
+    #[test]
+    fn bos_and_eos_are_available() {
+        let t =
+            ChatTemplate::new("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}").unwrap();
+        assert_eq!(
+            t.render(&msgs(&[("user", "x")]), true, "<s>", "</s>")
+                .unwrap(),
+            "<s>x</s>"
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! sparkd's tokenizer and chat template against outputs recorded from llama.cpp
+//! (`tests/fixtures/text/`, see the generator scripts there). Each test skips, saying so,
+//! when its GGUF file is not on this machine.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use spark_client::protocol::ChatMessage;
+use sparkd::gguf::GgufFile;
+use sparkd::text::{ChatTemplate, Tokenizer, TokenizerSpec};
+
+const DEFAULT_MODEL: &str = "smollm2-135m-instruct.gguf";
+
+fn fixture(name: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/text")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from)
+}
+
+/// The default model, looked up like the daemon does.
+fn model_path(file: &str) -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("SPARKD_MODELS").map(PathBuf::from),
+        std::env::var_os("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("sparkd/models")),
+        home().map(|h| h.join(".local/share/sparkd/models")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(file))
+        .find(|p| p.is_file())
+}
+
+/// Vocabulary-only files made by `make_vocab_ggufs.py`.
+fn test_vocab_path(file: &str) -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("SPARKD_TEST_VOCABS").map(PathBuf::from),
+        std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("sparkd/test-vocabs")),
+        home().map(|h| h.join(".cache/sparkd/test-vocabs")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(file))
+        .find(|p| p.is_file())
+}
+
+fn load_tokenizer(path: &std::path::Path) -> Tokenizer {
+    let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
+    Tokenizer::new(spec).expect("tokenizer")
+}
+
+/// Encodes every fixture case and compares with llama.cpp's ids; also checks that text
+/// without special-token parsing decodes back to itself.
+fn check_tokenize_fixture(path: Option<PathBuf>, fixture_name: &str) {
+    let fx = fixture(fixture_name);
+    let Some(path) = path else {
+        eprintln!("skipping {fixture_name}: {} not found", fx["model"]);
+        return;
+    };
+    let tok = load_tokenizer(&path);
+    let cases = fx["cases"].as_array().expect("cases");
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        let parse_special = case["parse_special"].as_bool().expect("parse_special");
+        let add_special = case["add_special"].as_bool().expect("add_special");
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|v| v.as_u64().expect("id") as u32)
+            .collect();
+        let got = tok.encode(text, add_special, parse_special);
+        if got != want {
+            failures.push(format!(
+                "{text:?} (parse_special {parse_special}):\n  got  {got:?}\n  want {want:?}"
+            ));
+        }
+        let plain = tok.encode(text, false, false);
+        let prefix = if tok.add_space_prefix() && !text.is_empty() {
+            " "
+        } else {
+            ""
+        };
+        assert_eq!(tok.decode(&plain), format!("{prefix}{text}"), "round trip");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ from llama.cpp:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    eprintln!("{fixture_name}: {} cases match llama.cpp", cases.len());
+}
+
+#[test]
+fn default_model_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(model_path(DEFAULT_MODEL), "smollm2_tokenize.json");
+}
+
+#[test]
+fn llama3_vocab_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(test_vocab_path("llama3-vocab.gguf"), "llama3_tokenize.json");
+}
+
+#[test]
+fn qwen3_vocab_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(test_vocab_path("qwen3-vocab.gguf"), "qwen3_tokenize.json");
+}
+
+/// The GPT-2 and llama.cpp-default splitters, exercised with the Llama 3 vocabulary.
+#[test]
+fn gpt2_and_default_pre_tokenizers_split_like_llama_cpp() {
+    check_tokenize_fixture(
+        test_vocab_path("llama3-pre-gpt2-vocab.gguf"),
+        "llama3_pre_gpt2_tokenize.json",
+    );
+    check_tokenize_fixture(
+        test_vocab_path("llama3-pre-default-vocab.gguf"),
+        "llama3_pre_default_tokenize.json",
+    );
+}
+
+#[test]
+fn llama2_vocab_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(test_vocab_path("llama2-vocab.gguf"), "llama2_tokenize.json");
+}
+
+#[test]
+fn default_model_special_tokens() {
+    let Some(path) = model_path(DEFAULT_MODEL) else {
+        eprintln!("skipping: {DEFAULT_MODEL} not found");
+        return;
+    };
+    let tok = load_tokenizer(&path);
+    assert_eq!(tok.vocab_size(), 49152);
+    let im_end = tok.token_id("<|im_end|>").expect("<|im_end|>");
+    let endoftext = tok.token_id("<|endoftext|>").expect("<|endoftext|>");
+    assert_eq!(tok.eos(), Some(im_end));
+    assert!(tok.is_eog(im_end) && tok.is_eog(endoftext));
+    assert!(!tok.is_eog(tok.token_id("<|im_start|>").expect("<|im_start|>")));
+    assert!(!tok.add_bos());
+}
+
+fn messages(case: &Value) -> Vec<ChatMessage> {
+    let list = case["messages"].as_array().expect("messages");
+    list.iter()
+        .map(|m| {
+            ChatMessage::new(
+                m["role"].as_str().expect("role"),
+                m["content"].as_str().expect("content"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn default_model_chat_template_renders_like_llama_cpp() {
+    let fx = fixture("smollm2_template.json");
+    let Some(path) = model_path(DEFAULT_MODEL) else {
+        eprintln!("skipping: {DEFAULT_MODEL} not found");
+        return;
+    };
+    let file = GgufFile::open(&path).expect("open model");
+    let template = ChatTemplate::from_gguf(file.metadata())
+        .expect("template compiles")
+        .expect("model has a template");
+    let tok = Tokenizer::new(TokenizerSpec::from_gguf(file.metadata()).expect("spec"))
+        .expect("tokenizer");
+    let text = |id: Option<u32>| {
+        id.and_then(|id| tok.token_text(id))
+            .unwrap_or("")
+            .to_string()
+    };
+    let cases = fx["cases"].as_array().expect("cases");
+    for case in cases {
+        let add_gen = case["add_generation_prompt"]
+            .as_bool()
+            .expect("add_generation_prompt");
+        let got = template
+            .render(&messages(case), add_gen, &text(tok.bos()), &text(tok.eos()))
+            .expect("render");
+        assert_eq!(
+            got,
+            case["prompt"].as_str().expect("prompt"),
+            "case {}",
+            case["name"]
+        );
+        if add_gen {
+            assert_eq!(
+                template
+                    .render_prompt(&messages(case), &tok)
+                    .expect("render"),
+                got
+            );
+        }
+    }
+    eprintln!(
+        "smollm2_template.json: {} cases match llama.cpp",
+        cases.len()
+    );
+}
+
+/// The Llama 3 and Qwen 3 templates are larger (tools, reasoning); they must compile and
+/// render a plain conversation into their turn format.
+#[test]
+fn other_vocab_templates_render() {
+    let expectations = [
+        (
+            "llama3-vocab.gguf",
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
+        (
+            "qwen3-vocab.gguf",
+            "<|im_start|>user\nHi<|im_end|>\n",
+            "<|im_start|>assistant\n",
+        ),
+    ];
+    for (file_name, user_turn, generation_prompt) in expectations {
+        let Some(path) = test_vocab_path(file_name) else {
+            eprintln!("skipping {file_name}: not found (see make_vocab_ggufs.py)");
+            continue;
+        };
+        let file = GgufFile::open(&path).expect("open vocab");
+        let template = ChatTemplate::from_gguf(file.metadata())
+            .expect("compiles")
+            .expect("has a template");
+        let tok = Tokenizer::new(TokenizerSpec::from_gguf(file.metadata()).expect("spec"))
+            .expect("tokenizer");
+        let msgs = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Hi"),
+        ];
+        let prompt = template.render_prompt(&msgs, &tok).expect("render");
+        assert!(prompt.contains(user_turn), "{file_name}: {prompt:?}");
+        assert!(
+            prompt.ends_with(generation_prompt),
+            "{file_name}: {prompt:?}"
+        );
+        assert!(prompt.contains("Be brief."), "{file_name}: {prompt:?}");
+    }
+}

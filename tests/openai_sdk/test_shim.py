@@ -1,0 +1,149 @@
+"""Checks `spark serve-openai` with the official `openai` Python SDK.
+
+Run through run.sh (which makes the virtualenv). The shim's URL comes from OPENAI_BASE_URL
+(default http://127.0.0.1:8080/v1); OPENAI_API_KEY is sent as the bearer token. Prints one
+line per check and a closing `N passed, M failed`; exits non-zero if any check failed.
+"""
+
+import math
+import os
+import sys
+import traceback
+
+import openai
+
+BASE_URL = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1")
+# The SDK insists on a key; the shim only checks it when started with --api-key.
+API_KEY = os.environ.get("OPENAI_API_KEY") or "sk-no-key"
+MAX_TOKENS = 24
+
+client = openai.OpenAI(base_url=BASE_URL, api_key=API_KEY, timeout=120.0, max_retries=0)
+state = {}
+
+
+def model_id():
+    if "model" not in state:
+        state["model"] = client.models.list().data[0].id
+    return state["model"]
+
+
+def check_usage(usage, where):
+    assert usage is not None, f"{where}: no usage"
+    assert usage.prompt_tokens > 0, f"{where}: prompt_tokens={usage.prompt_tokens}"
+    assert 0 < usage.completion_tokens <= MAX_TOKENS, f"{where}: completion_tokens={usage.completion_tokens}"
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens, f"{where}: {usage}"
+    extra = usage.model_extra or {}
+    for field in ("ttft_ms", "decode_tps", "queue_ms", "prefill_ms", "decode_ms", "generation_ms"):
+        assert field in extra, f"{where}: usage has no '{field}': {extra}"
+    ttft = extra["ttft_ms"]
+    assert isinstance(ttft, (int, float)) and ttft > 0 and math.isfinite(ttft), f"{where}: ttft_ms={ttft}"
+    # decode_tps is null when fewer than two tokens were generated.
+    tps = extra["decode_tps"]
+    if usage.completion_tokens >= 2:
+        assert isinstance(tps, (int, float)) and tps > 0, f"{where}: decode_tps={tps}"
+    return extra
+
+
+def test_models_list():
+    models = client.models.list().data
+    assert models, "no models listed"
+    for m in models:
+        assert m.id and m.object == "model", m
+
+
+def test_chat_streaming_with_usage():
+    stream = client.chat.completions.create(
+        model=model_id(),
+        messages=[{"role": "user", "content": "Say hello in one short sentence."}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert len(chunks) >= 3, f"only {len(chunks)} chunks"
+    ids = {c.id for c in chunks}
+    assert len(ids) == 1 and ids.pop().startswith("chatcmpl-"), "one chatcmpl- id per stream"
+    *content_chunks, usage_chunk = chunks
+    assert usage_chunk.choices == [], f"last chunk has choices: {usage_chunk}"
+    assert content_chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in content_chunks)
+    assert text.strip(), "empty streamed text"
+    reasons = [c.choices[0].finish_reason for c in content_chunks if c.choices[0].finish_reason]
+    assert reasons in (["stop"], ["length"]), f"finish reasons {reasons}"
+    assert all(c.usage is None for c in content_chunks), "usage before the last chunk"
+    check_usage(usage_chunk.usage, "stream")
+
+
+def test_chat_non_streaming():
+    response = client.chat.completions.create(
+        model=model_id(),
+        messages=[
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content and choice.message.content.strip(), "empty reply"
+    assert choice.finish_reason in ("stop", "length"), choice.finish_reason
+    check_usage(response.usage, "chat")
+
+
+def test_text_completion():
+    response = client.completions.create(
+        model=model_id(),
+        prompt="The three primary colors are",
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    assert response.object == "text_completion" and response.id.startswith("cmpl-")
+    text = response.choices[0].text
+    assert text.strip(), "empty completion"
+    assert response.choices[0].finish_reason in ("stop", "length")
+    check_usage(response.usage, "completion")
+
+
+def test_invalid_request_is_a_400():
+    try:
+        client.chat.completions.create(
+            model=model_id(), messages=[{"role": "user", "content": "hi"}], n=2
+        )
+    except openai.BadRequestError as err:
+        assert err.status_code == 400
+        assert "n" in str(err)
+    else:
+        raise AssertionError("n=2 was accepted")
+
+
+TESTS = [
+    test_models_list,
+    test_chat_streaming_with_usage,
+    test_chat_non_streaming,
+    test_text_completion,
+    test_invalid_request_is_a_400,
+]
+
+
+def main():
+    print(f"openai {openai.__version__} against {BASE_URL}")
+    passed = failed = 0
+    for test in TESTS:
+        try:
+            test()
+        except Exception:  # noqa: BLE001 - report every failure, keep going
+            failed += 1
+            print(f"FAIL {test.__name__}")
+            traceback.print_exc()
+        else:
+            passed += 1
+            print(f"ok   {test.__name__}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
