@@ -6,6 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --workspace --bins
 cargo test --workspace --no-fail-fast
-if [ -x tests/openai_sdk/run.sh ]; then
-  tests/openai_sdk/run.sh
-fi
+tests/openai_sdk/e2e.sh

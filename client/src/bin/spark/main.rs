@@ -11,6 +11,7 @@ mod output;
 mod pull;
 mod request;
 mod run;
+mod serve_openai;
 mod status;
 mod stop;
 mod stream;
@@ -63,14 +64,18 @@ enum Command {
     Stop,
     /// Download a model
     Pull(pull::Args),
+    /// Serve the OpenAI-compatible HTTP API (and the web page) in front of the daemon
+    ServeOpenai(serve_openai::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // The HTTP shim serves many clients at once; everything else is one conversation.
+    let runtime = match &cli.command {
+        Command::ServeOpenai(_) => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        _ => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => return exit::report(err.into()),
     };
@@ -84,6 +89,7 @@ fn main() -> ExitCode {
             Command::Tokenize(args) => tokenize::run(&global, args).await,
             Command::Stop => stop::run(&global).await,
             Command::Pull(args) => pull::run(args).await,
+            Command::ServeOpenai(args) => serve_openai::run(&global, args).await,
         }
     });
     match result {
