@@ -72,8 +72,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The HTTP shim serves many clients at once; everything else is one conversation.
     let runtime = match &cli.command {
-        Command::ServeOpenai(_) => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
-        _ => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Command::ServeOpenai(_) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
     };
     let runtime = match runtime {
         Ok(runtime) => runtime,

@@ -17,7 +17,9 @@ pub struct Args {
 
 impl std::fmt::Debug for Args {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Args").field("listen", &self.inner.listen).finish_non_exhaustive()
+        f.debug_struct("Args")
+            .field("listen", &self.inner.listen)
+            .finish_non_exhaustive()
     }
 }
 
@@ -29,7 +31,10 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let on_signal = shutdown.clone();
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
             }
@@ -47,5 +52,8 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -1,0 +1,173 @@
+//! End-to-end: the real `spark` binary against a real `sparkd` on a synthetic model.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use sparkd_e2e::{bin, tiny_model, Daemon, TempDir};
+
+fn spark(socket: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(bin("spark"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env_remove("SPARKD_SOCKET")
+        .env("SPARKD_NO_AUTOSTART", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run spark")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `33.5 tok/s · 60 tokens · 1.8 s to first token`, parsed.
+fn parse_stats(line: &str) -> (Option<f64>, u32, f64) {
+    let parts: Vec<&str> = line.split(" · ").collect();
+    assert!(parts.len() >= 3, "stats line: {line:?}");
+    let tps = parts[0].strip_suffix(" tok/s").expect("tok/s").parse().ok();
+    let tokens = parts[1]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("token count");
+    let ttft = parts[2]
+        .strip_suffix(" s to first token")
+        .expect("ttft")
+        .parse()
+        .expect("ttft secs");
+    (tps, tokens, ttft)
+}
+
+#[test]
+fn run_streams_text_and_prints_one_stats_line() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    let out = spark(&d.socket, &["run", "--max-tokens", "12", "--raw", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 1, "exactly one stats line: {stderr:?}");
+    let (tps, tokens, ttft) = parse_stats(lines[0]);
+    assert_eq!(tokens, 12);
+    assert!(tps.unwrap() > 0.0 && ttft >= 0.0);
+}
+
+#[test]
+fn json_events_parse_and_match_the_final_frame() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    let out = spark(
+        &d.socket,
+        &[
+            "run",
+            "--json",
+            "--max-tokens",
+            "9",
+            "--seed",
+            "3",
+            "--temperature",
+            "0.8",
+            "hi",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    let (tokens, done) = events.split_at(events.len() - 1);
+    assert_eq!(done[0]["type"], "done");
+    assert!(tokens
+        .iter()
+        .all(|e| e["type"] == "token" && e["token"].is_u64()));
+    assert_eq!(
+        done[0]["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+        tokens.len()
+    );
+    assert_eq!(tokens.len(), 9);
+    assert!(done[0]["timings"]["ttft_ms"].as_f64().unwrap() > 0.0);
+    assert!(
+        text(&out.stderr).trim().is_empty(),
+        "no stats line with --json"
+    );
+}
+
+#[test]
+fn jobs_lists_the_runs_with_their_numbers() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    for n in ["5", "7"] {
+        assert!(spark(&d.socket, &["run", "--max-tokens", n, "--raw", "x"])
+            .status
+            .success());
+    }
+    let out = spark(&d.socket, &["jobs", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // One JSON object per job, newest first.
+    let jobs: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("job JSON"))
+        .collect();
+    let outs: Vec<u64> = jobs
+        .iter()
+        .map(|j| j["usage"]["completion_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(outs, vec![7, 5], "newest first");
+    let table = text(&spark(&d.socket, &["jobs"]).stdout);
+    assert!(table.lines().next().unwrap().contains("TOK/S"), "{table}");
+    assert_eq!(table.lines().count(), 3, "{table}");
+}
+
+#[test]
+fn run_starts_a_daemon_when_none_answers_and_stop_ends_it() {
+    let dir = TempDir::new("auto");
+    let socket = dir.path().join("s.sock");
+    let model = tiny_model();
+    let out = Command::new(bin("spark"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--model")
+        .arg(&model)
+        .args(["run", "--max-tokens", "4", "--raw", "wake up"])
+        .env_remove("SPARKD_NO_AUTOSTART")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run spark");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(socket.exists(), "the daemon stays resident");
+    // The next call finds it.
+    assert!(spark(&socket, &["status"]).status.success());
+    let stop = Command::new(bin("spark"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("stop")
+        .output()
+        .unwrap();
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        spark(&socket, &["status"]).status.code(),
+        Some(3),
+        "gone after stop"
+    );
+}
+
+#[test]
+fn daemon_absent_and_bad_arguments_have_distinct_exit_codes() {
+    let dir = TempDir::new("none");
+    let out = spark(&dir.path().join("nobody.sock"), &["run", "hello"]);
+    assert_eq!(out.status.code(), Some(3));
+    let msg = text(&out.stderr);
+    assert!(
+        msg.contains("nobody.sock"),
+        "names the socket it tried: {msg}"
+    );
+    let out = spark(
+        &dir.path().join("nobody.sock"),
+        &["run", "--temperature", "hot", "x"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let d = Daemon::start(&tiny_model(), &[]);
+    let out = spark(&d.socket, &["run", "--temperature=-1", "x"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("temperature"));
+}
