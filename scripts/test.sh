@@ -7,3 +7,4 @@ cd "$(dirname "$0")/.."
 cargo build --workspace --bins
 cargo test --workspace --no-fail-fast
 tests/openai_sdk/e2e.sh
+scripts/verify-units.sh

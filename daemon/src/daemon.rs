@@ -61,8 +61,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let grace = Duration::from_secs_f64(args.shutdown_grace.unwrap_or(30.0).max(0.0));
     let mut server_cfg = ServerConfig::new(socket_path.clone());
     server_cfg.max_frame_bytes = args.max_frame_bytes.unwrap_or(server_cfg.max_frame_bytes);
-    server_cfg.allowed_uids = args.allowed_uids.clone();
-    server_cfg.allowed_gids = args.allowed_gids.clone();
+    // Who may connect besides root and the daemon's own user (always allowed): the
+    // configured users and groups, and by default the members of the `sparkd` group.
+    server_cfg.allowed_uids = Some(args.allowed_uids.clone().unwrap_or_default());
+    server_cfg.allowed_gids = Some(
+        args.allowed_gids
+            .clone()
+            .unwrap_or_else(|| sparkd_group().into_iter().collect()),
+    );
     // Connections outlive the engine's grace a little, so every stream's final `Done`
     // (sent when the grace ends) still reaches its client.
     server_cfg.shutdown_grace = grace + Duration::from_secs(5);
@@ -170,4 +176,14 @@ async fn watch_signals(shutdown: CancellationToken, engine: Arc<EngineHandle>, g
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     tracing::info!("second signal: ending every generation now");
     engine.shutdown(Duration::ZERO);
+}
+
+/// The gid of the `sparkd` group, when the system has one.
+fn sparkd_group() -> Option<u32> {
+    let name = std::ffi::CString::new("sparkd").ok()?;
+    // SAFETY: getgrnam reads the group database and returns a pointer to static storage
+    // (or null); we copy the one field we need before any other call can overwrite it.
+    let group = unsafe { libc::getgrnam(name.as_ptr()) };
+    // SAFETY: non-null pointers from getgrnam point to a valid `struct group`.
+    (!group.is_null()).then(|| unsafe { (*group).gr_gid })
 }

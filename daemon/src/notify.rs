@@ -50,9 +50,7 @@ pub fn stopping() {
 /// heartbeat is recent), so a wedged engine gets the service restarted; refreshes the
 /// STATUS line as well.
 pub async fn keep_alive(engine: Arc<EngineHandle>, shutdown: CancellationToken) {
-    let mut usec = 0;
-    let watchdog =
-        sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec));
+    let watchdog = watchdog_period();
     let period = watchdog.map_or(Duration::from_secs(5), |w| {
         (w / 2).min(Duration::from_secs(5))
     });
@@ -81,4 +79,16 @@ pub fn activated_listener() -> std::io::Result<Option<UnixListener>> {
         Some(fd) => Ok(Some(unsafe { UnixListener::from_raw_fd(fd) })),
         None => Ok(None),
     }
+}
+
+/// The watchdog period systemd asked for, as sd_watchdog_enabled(3) reads it:
+/// WATCHDOG_USEC, for this process unless WATCHDOG_PID names another one.
+fn watchdog_period() -> Option<Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID") {
+        if pid.parse::<u32>().ok() != Some(std::process::id()) {
+            return None;
+        }
+    }
+    (usec > 0).then(|| Duration::from_micros(usec))
 }

@@ -17,6 +17,10 @@ use super::scheduler::{plan_step, Pending};
 use super::sequence::Sequence;
 use super::ConnId;
 
+/// How often an idle engine loop still goes round, so that the systemd watchdog (which
+/// checks the loop's heartbeat) sees it alive; cheap at 10 wake-ups a second.
+const IDLE_HEARTBEAT: Duration = Duration::from_millis(100);
+
 pub enum Command {
     Submit(Box<Sequence>),
     Cancel {
@@ -130,7 +134,7 @@ impl EngineCore {
         let idle = self.running.is_empty() && self.waiting.is_empty();
         if idle && self.shutdown.is_none() {
             // Wake up now and then so the watchdog sees a live loop while idle.
-            match self.commands.recv_timeout(Duration::from_millis(500)) {
+            match self.commands.recv_timeout(IDLE_HEARTBEAT) {
                 Ok(cmd) => self.apply(cmd),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return false,
