@@ -16,6 +16,8 @@ use std::arch::x86_64::*;
 use super::{avx2, scalar, F32Acts, Kernels, Out, Q8Acts, WTile};
 use crate::quant::{GgmlType, QK, QK_K};
 
+mod wide;
+
 pub(super) fn kernels() -> Option<Kernels> {
     let ok = is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
@@ -40,6 +42,9 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
+        wide_q4_0: Some(wide::WIDE_Q4_0),
+        wide_q4_1: Some(wide::WIDE_Q4_1),
+        wide_q8_0: Some(wide::WIDE_Q8_0),
         ..base
     })
 }
