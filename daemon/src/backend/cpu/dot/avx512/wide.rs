@@ -125,6 +125,11 @@ unsafe fn transpose16(w: &WTile, off: usize) -> [__m512i; 4] {
 /// buffers sized for `out.nb` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn repack_impl<const T: u8>(w: &WTile, out: &mut Repacked) {
+    // The repack walks 16 rows side by side, which the hardware prefetchers follow
+    // poorly when the weights come from DRAM: request the whole group up front.
+    for line in w.data[..w.rows * w.row_bytes].chunks(64) {
+        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+    }
     let m4 = _mm512_set1_epi8(0x0F);
     // Block headers (`d`, and `m` for Q4_1) come from one gather per block: lane r reads
     // row r (rows are at most 16 * row_bytes < 2^31 bytes apart, checked by the caller).
