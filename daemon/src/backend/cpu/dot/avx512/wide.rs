@@ -126,10 +126,12 @@ unsafe fn transpose16(w: &WTile, off: usize) -> [__m512i; 4] {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn repack_impl<const T: u8>(w: &WTile, out: &mut Repacked) {
     // The repack walks 16 rows side by side, which the hardware prefetchers follow
-    // poorly when the weights come from DRAM: request the whole group up front.
-    for line in w.data[..w.rows * w.row_bytes].chunks(64) {
-        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
-    }
+    // poorly when the weights come from DRAM: request the next group (the rows after
+    // this tile; past the matrix end this prefetches nothing useful, and a prefetch
+    // never faults), a few lines per block so the requests do not pile up.
+    let group_lines = (w.rows * w.row_bytes).div_ceil(64);
+    let lines_per_block = group_lines.div_ceil(out.nb.max(1));
+    let next = w.data.as_ptr().wrapping_add(w.rows * w.row_bytes);
     let m4 = _mm512_set1_epi8(0x0F);
     // Block headers (`d`, and `m` for Q4_1) come from one gather per block: lane r reads
     // row r (rows are at most 16 * row_bytes < 2^31 bytes apart, checked by the caller).
@@ -143,6 +145,9 @@ unsafe fn repack_impl<const T: u8>(w: &WTile, out: &mut Repacked) {
         _mm512_set1_epi32(w.row_bytes as i32),
     );
     for b in 0..out.nb {
+        for line in b * lines_per_block..((b + 1) * lines_per_block).min(group_lines) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line).cast());
+        }
         let dst = out.codes[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES].as_mut_ptr();
         let base = b * bb(T) + qs_off(T);
         // SAFETY: the block's quants are within each row; `dst` has 8 vectors of room.
