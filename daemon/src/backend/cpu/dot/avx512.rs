@@ -1,12 +1,13 @@
-//! AVX-512 kernels (F, BW, VL, VNNI, VBMI; so Ice Lake, Zen 4 and later): the legacy quant types, the float types and the
-//! activation quantizers. K-quants use the AVX2 kernels.
+//! AVX-512 kernels (F, BW, VL, VNNI, VBMI: Ice Lake, Zen 4 and later) for the legacy
+//! quant types, the float types and the activation quantizers. K-quants use the AVX2
+//! kernels; batches of 4+ activation rows of Q4_0 / Q4_1 / Q8_0 take the wide path
+//! (`wide.rs`).
 //!
 //! Legacy blocks are decoded into unsigned 8-bit codes `c` with `x = d * c + m` (the
 //! signed types get `m = -8d`, `-16d` or `-128d`, Q8_0 by flipping the sign bit), so one
-//! `vpdpbusd` (u8 x s8) does 64 multiply-adds of a block pair. The offset term is
-//! `sum_b m_b * s_b` with `s_b = d_x * sum(q_x)` from the activation quantizer, done once
-//! per 16 blocks. Each 16-block group gathers the weight scales of a row at once.
-
+//! `vpdpbusd` (u8 x s8) does the 64 multiply-adds of a block pair. The offset term
+//! `sum_b m_b * s_b` (`s_b = d_x * sum(q_x)`, from the activation quantizer) is one FMA
+//! per 16 blocks, whose scales are collected with byte permutes rather than a gather.
 //!
 //! The AVX-512 intrinsics are stable since Rust 1.89, above the workspace's declared
 //! `rust-version` (see the `clippy::msrv` on this module's declaration).
