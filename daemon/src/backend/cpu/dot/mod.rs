@@ -241,13 +241,13 @@ pub(crate) const WIDE_ACTS: usize = 8;
 /// A group of up to `WIDE_ROWS` weight rows rearranged for the wide path (the layout is
 /// the kernel's own), reused from call to call.
 #[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Repacked {
     pub codes: Vec<u8>,
     pub d: Vec<f32>,
     pub m: Vec<f32>,
-    /// Blocks per row and rows in the group.
+    /// Blocks per row.
     pub nb: usize,
-    pub rows: usize,
 }
 
 /// `out[j][r]`: activation row `j`, weight row `r` of a repacked group.

@@ -53,7 +53,6 @@ fn repack<const T: u8>(w: &WTile, out: &mut Repacked) {
     w.check_up_to(WIDE_ROWS, QK, bb(T));
     let nb = w.cols / QK;
     out.nb = nb;
-    out.rows = w.rows;
     out.codes.resize(nb * BLOCK_BYTES, 0);
     out.d.resize(nb * WIDE_ROWS, 0.0);
     out.m.resize(nb * WIDE_ROWS, 0.0);
