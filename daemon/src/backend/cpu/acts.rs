@@ -12,12 +12,22 @@ const PARALLEL_MIN_ELEMS: usize = 32 * 1024;
 
 /// Buffers for one matmul call (quantized activations, each thread's repacked weights),
 /// reused across calls: in steady state a matmul allocates nothing.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct MatmulScratch {
     pub(crate) q8: Q8Buffers,
     pub(crate) q8k: Q8KBuffers,
     /// One per pool thread index, for the wide path.
     pub(crate) repacked: Vec<Mutex<Repacked>>,
+}
+
+impl std::fmt::Debug for MatmulScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MatmulScratch")
+            .field("q8_elems", &self.q8.qs.capacity())
+            .field("q8k_elems", &self.q8k.qs.capacity())
+            .field("repack_buffers", &self.repacked.len())
+            .finish()
+    }
 }
 
 impl MatmulScratch {

@@ -1,5 +1,5 @@
-//! NEON kernels (baseline AArch64, no dot-product extension): the legacy quant types, the
-//! float types and the activation quantizers. K-quants use the scalar kernels.
+//! NEON kernels (baseline AArch64, no dot-product extension): every weight type and the
+//! activation quantizers (K-quants in `k.rs`).
 //!
 //! Legacy blocks are decoded to signed 8-bit levels (`x = d * q + m`), multiplied with
 //! the activations by `smull`/`smlal` into 16-bit pairs and widened into four 32-bit
@@ -10,6 +10,8 @@ use std::arch::aarch64::*;
 
 use super::{scalar, F32Acts, Kernels, Out, Q8Acts, WTile};
 use crate::quant::{QK, QK_K};
+
+mod k;
 
 pub(super) fn kernels() -> Option<Kernels> {
     if !std::arch::is_aarch64_feature_detected!("neon") {
@@ -27,6 +29,9 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
+        q4_k: k::q4_k,
+        q5_k: k::q5_k,
+        q6_k: k::q6_k,
         ..scalar::KERNELS
     })
 }
