@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use super::dot::{Kernels, Q8Acts, Q8KActs};
+use super::dot::{Kernels, Q8Acts, Q8KActs, Repacked};
 use super::pool::ThreadPool;
 use crate::quant::{QK, QK_K};
 
@@ -10,16 +10,67 @@ use crate::quant::{QK, QK_K};
 /// costs more than it saves.
 const PARALLEL_MIN_ELEMS: usize = 32 * 1024;
 
-/// Buffers for the quantized activations of one matmul call, reused across calls: in
-/// steady state a matmul allocates nothing.
-#[derive(Debug, Default)]
+/// Buffers for one matmul call (quantized activations, each thread's repacked weights),
+/// reused across calls: in steady state a matmul allocates nothing.
+#[derive(Default)]
 pub struct MatmulScratch {
-    q8_qs: Vec<i8>,
-    q8_d: Vec<f32>,
-    q8_s: Vec<f32>,
-    q8k_qs: Vec<i8>,
-    q8k_d: Vec<f32>,
-    q8k_bsums: Vec<i16>,
+    pub(crate) q8: Q8Buffers,
+    pub(crate) q8k: Q8KBuffers,
+    /// One per pool thread index, for the wide path.
+    pub(crate) repacked: Vec<Mutex<Repacked>>,
+}
+
+impl std::fmt::Debug for MatmulScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MatmulScratch")
+            .field("q8_elems", &self.q8.qs.capacity())
+            .field("q8k_elems", &self.q8k.qs.capacity())
+            .field("repack_buffers", &self.repacked.len())
+            .finish()
+    }
+}
+
+impl MatmulScratch {
+    /// Allocated capacity of every buffer (the tests check that reuse does not grow it).
+    #[cfg(test)]
+    pub(crate) fn capacities(&self) -> Vec<usize> {
+        let mut c = vec![
+            self.q8.qs.capacity(),
+            self.q8.d.capacity(),
+            self.q8.s.capacity(),
+            self.q8k.qs.capacity(),
+            self.q8k.d.capacity(),
+            self.q8k.bsums.capacity(),
+        ];
+        for r in &self.repacked {
+            let r = r.lock().unwrap_or_else(|p| p.into_inner());
+            c.extend([r.codes.capacity(), r.d.capacity(), r.m.capacity()]);
+        }
+        c
+    }
+
+    /// Makes sure there is a repack buffer for each of `n_threads` threads.
+    pub(crate) fn ensure_threads(&mut self, n_threads: usize) {
+        while self.repacked.len() < n_threads {
+            self.repacked.push(Mutex::default());
+        }
+    }
+}
+
+/// Activations quantized to 32-blocks.
+#[derive(Debug, Default)]
+pub(crate) struct Q8Buffers {
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// Activations quantized to 256-blocks.
+#[derive(Debug, Default)]
+pub(crate) struct Q8KBuffers {
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    bsums: Vec<i16>,
 }
 
 /// Grows `v` to at least `len` and returns its first `len` elements.
@@ -30,9 +81,9 @@ fn sized<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
     &mut v[..len]
 }
 
-impl MatmulScratch {
+impl Q8Buffers {
     /// Quantizes `x` (rows of `cols`, a multiple of 32) to 32-blocks.
-    pub(crate) fn quantize_q8(
+    pub(crate) fn quantize(
         &mut self,
         pool: &ThreadPool,
         k: &Kernels,
@@ -40,9 +91,9 @@ impl MatmulScratch {
         cols: usize,
     ) -> Q8Acts<'_> {
         let nb = x.len() / QK;
-        let qs = sized(&mut self.q8_qs, x.len());
-        let d = sized(&mut self.q8_d, nb);
-        let s = sized(&mut self.q8_s, nb);
+        let qs = sized(&mut self.qs, x.len());
+        let d = sized(&mut self.d, nb);
+        let s = sized(&mut self.s, nb);
         if x.len() < PARALLEL_MIN_ELEMS || pool.n_threads() == 1 {
             (k.quantize_q8)(x, qs, d, s);
         } else {
@@ -59,15 +110,17 @@ impl MatmulScratch {
             });
         }
         Q8Acts {
-            qs: &self.q8_qs[..x.len()],
-            d: &self.q8_d[..nb],
-            s: &self.q8_s[..nb],
+            qs: &self.qs[..x.len()],
+            d: &self.d[..nb],
+            s: &self.s[..nb],
             cols,
         }
     }
+}
 
+impl Q8KBuffers {
     /// Quantizes `x` (rows of `cols`, a multiple of 256) to 256-blocks.
-    pub(crate) fn quantize_q8k(
+    pub(crate) fn quantize(
         &mut self,
         pool: &ThreadPool,
         k: &Kernels,
@@ -75,9 +128,9 @@ impl MatmulScratch {
         cols: usize,
     ) -> Q8KActs<'_> {
         let nb = x.len() / QK_K;
-        let qs = sized(&mut self.q8k_qs, x.len());
-        let d = sized(&mut self.q8k_d, nb);
-        let bsums = sized(&mut self.q8k_bsums, nb * 16);
+        let qs = sized(&mut self.qs, x.len());
+        let d = sized(&mut self.d, nb);
+        let bsums = sized(&mut self.bsums, nb * 16);
         if x.len() < PARALLEL_MIN_ELEMS || pool.n_threads() == 1 {
             (k.quantize_q8k)(x, qs, d, bsums);
         } else {
@@ -96,9 +149,9 @@ impl MatmulScratch {
             });
         }
         Q8KActs {
-            qs: &self.q8k_qs[..x.len()],
-            d: &self.q8k_d[..nb],
-            bsums: &self.q8k_bsums[..nb * 16],
+            qs: &self.qs[..x.len()],
+            d: &self.d[..nb],
+            bsums: &self.bsums[..nb * 16],
             cols,
         }
     }

@@ -76,15 +76,25 @@ impl ThreadPool {
             park: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let workers = (1..n_threads)
-            .map(|index| {
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("sparkd-cpu-{index}"))
-                    .spawn(move || worker(&shared))
-                    .expect("spawning a CPU worker thread")
-            })
-            .collect();
+        let mut workers = Vec::with_capacity(n_threads - 1);
+        for index in 1..n_threads {
+            let shared = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("sparkd-cpu-{index}"))
+                .spawn(move || worker(&shared));
+            match spawned {
+                Ok(handle) => workers.push(handle),
+                Err(e) => {
+                    // Indices are claimed, so fewer workers are still correct: the
+                    // caller runs the indices nobody else takes.
+                    tracing::warn!(
+                        "could not start CPU worker thread {index}: {e}; running with {}",
+                        workers.len() + 1
+                    );
+                    break;
+                }
+            }
+        }
         Self {
             shared,
             workers,
@@ -96,9 +106,11 @@ impl ThreadPool {
         self.shared.n_threads
     }
 
-    /// Runs `f(thread_index, n_threads)` once on every thread of the pool (the caller is
-    /// index 0) and returns when all have finished. A panic in any of them is re-raised
-    /// here after the others have finished.
+    /// Calls `f(index, n_threads)` exactly once for every index in `0..n_threads`, in
+    /// parallel, and returns when all calls have returned. The caller runs index 0 and
+    /// any index no worker has claimed by then, so two indices may share a thread. A
+    /// panic in any call is re-raised here after the others have finished. Called from
+    /// inside a job, it runs all indices inline on the calling thread.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
         let n = self.shared.n_threads;
         if n == 1 || IN_JOB.with(Cell::get) {

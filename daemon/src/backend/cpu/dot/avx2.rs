@@ -35,6 +35,9 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
+        wide_q4_0: None,
+        wide_q4_1: None,
+        wide_q8_0: None,
     })
 }
 
@@ -215,6 +218,11 @@ pub(super) fn hsum_epi32(v: __m256i) -> i32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy_tile<const T: u8, const M: usize, const N: usize>(a: &LegacyArgs, out: &mut Out) {
     let b = bb(T);
+    // Request the tile four ahead from DRAM (see the AVX-512 kernel).
+    let ahead = a.w.wrapping_add(4 * M * a.row_bytes);
+    for off in (0..M * a.row_bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off).cast());
+    }
     let mut acc = [[_mm256_setzero_ps(); N]; M];
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let mut g = 0;

@@ -1,12 +1,13 @@
-//! AVX-512 kernels (F, BW, VL, VNNI, VBMI; so Ice Lake, Zen 4 and later): the legacy quant types, the float types and the
-//! activation quantizers. K-quants use the AVX2 kernels.
+//! AVX-512 kernels (F, BW, VL, VNNI, VBMI: Ice Lake, Zen 4 and later) for the legacy
+//! quant types, the float types and the activation quantizers. K-quants use the AVX2
+//! kernels; batches of 4+ activation rows of Q4_0 / Q4_1 / Q8_0 take the wide path
+//! (`wide.rs`).
 //!
 //! Legacy blocks are decoded into unsigned 8-bit codes `c` with `x = d * c + m` (the
 //! signed types get `m = -8d`, `-16d` or `-128d`, Q8_0 by flipping the sign bit), so one
-//! `vpdpbusd` (u8 x s8) does 64 multiply-adds of a block pair. The offset term is
-//! `sum_b m_b * s_b` with `s_b = d_x * sum(q_x)` from the activation quantizer, done once
-//! per 16 blocks. Each 16-block group gathers the weight scales of a row at once.
-
+//! `vpdpbusd` (u8 x s8) does the 64 multiply-adds of a block pair. The offset term
+//! `sum_b m_b * s_b` (`s_b = d_x * sum(q_x)`, from the activation quantizer) is one FMA
+//! per 16 blocks, whose scales are collected with byte permutes rather than a gather.
 //!
 //! The AVX-512 intrinsics are stable since Rust 1.89, above the workspace's declared
 //! `rust-version` (see the `clippy::msrv` on this module's declaration).
@@ -15,6 +16,8 @@ use std::arch::x86_64::*;
 
 use super::{avx2, scalar, F32Acts, Kernels, Out, Q8Acts, WTile};
 use crate::quant::{GgmlType, QK, QK_K};
+
+mod wide;
 
 pub(super) fn kernels() -> Option<Kernels> {
     let ok = is_x86_feature_detected!("avx512f")
@@ -40,6 +43,9 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
+        wide_q4_0: Some(wide::WIDE_Q4_0),
+        wide_q4_1: Some(wide::WIDE_Q4_1),
+        wide_q8_0: Some(wide::WIDE_Q8_0),
         ..base
     })
 }
@@ -385,6 +391,13 @@ fn pair_scales(v: &[f32; 16], i: usize) -> __m512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,bmi2,fma")]
 unsafe fn legacy_tile<const T: u8, const M: usize, const N: usize>(a: &LegacyArgs, out: &mut Out) {
     let b = bb(T);
+    // Rows are walked a few at a time, which the hardware prefetchers follow poorly
+    // from DRAM: request the tile four ahead (a few KB; past the matrix end this
+    // prefetches nothing useful, and a prefetch never faults).
+    let ahead = a.w.wrapping_add(4 * M * a.row_bytes);
+    for off in (0..M * a.row_bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off).cast());
+    }
     let mut acc = [[_mm512_setzero_ps(); N]; M];
     // SAFETY: a 64-byte static.
     let act_idx = unsafe { _mm512_loadu_si512(ACT_INDEX.as_ptr().cast()) };

@@ -90,7 +90,17 @@ impl<'a> WTile<'a> {
     /// Asserts the layout a SIMD kernel relies on before it reads through raw pointers.
     #[allow(dead_code)]
     pub fn check(&self, block_elems: usize, block_bytes: usize) {
-        assert!((1..=MR).contains(&self.rows), "tile of {} rows", self.rows);
+        self.check_up_to(MR, block_elems, block_bytes)
+    }
+
+    /// As `check`, for up to `max_rows` rows.
+    #[allow(dead_code)]
+    pub fn check_up_to(&self, max_rows: usize, block_elems: usize, block_bytes: usize) {
+        assert!(
+            (1..=max_rows).contains(&self.rows),
+            "tile of {} rows",
+            self.rows
+        );
         assert_eq!(self.cols % block_elems, 0, "ragged row");
         assert_eq!(
             self.row_bytes,
@@ -223,6 +233,38 @@ pub(crate) type QuantizeQ8 = fn(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut
 /// Quantizes whole 256-blocks: `x.len() == qs.len() == 256 * d.len() == 16 * bsums.len()`.
 pub(crate) type QuantizeQ8K = fn(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]);
 
+/// Weight rows per group in the wide path.
+pub(crate) const WIDE_ROWS: usize = 16;
+/// Activation rows per call of a wide kernel.
+pub(crate) const WIDE_ACTS: usize = 8;
+
+/// A group of up to `WIDE_ROWS` weight rows rearranged for the wide path (the layout is
+/// the kernel's own), reused from call to call.
+#[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Repacked {
+    pub codes: Vec<u8>,
+    pub d: Vec<f32>,
+    pub m: Vec<f32>,
+    /// Blocks per row.
+    pub nb: usize,
+}
+
+/// `out[j][r]`: activation row `j`, weight row `r` of a repacked group.
+pub(crate) type WideOut = [[f32; WIDE_ROWS]; WIDE_ACTS];
+
+/// The path for many activation rows: weights are repacked once per call into
+/// `WIDE_ROWS`-row groups with rows in vector lanes, which then run against
+/// `WIDE_ACTS` activation rows at a time with much less arithmetic per product than the
+/// tile kernels. Only worth it when the repacking is shared by enough activation rows.
+#[derive(Clone, Copy)]
+pub(crate) struct Wide {
+    /// Repacks `w` (1..=WIDE_ROWS rows) into `out`.
+    pub repack: for<'w> fn(&WTile<'w>, &mut Repacked),
+    /// Fills `out[j][r]` for activation rows `j0..j0 + nr` (`nr <= WIDE_ACTS`).
+    pub dot: for<'a> fn(&Repacked, &Q8Acts<'a>, usize, usize, &mut WideOut),
+}
+
 /// One instruction set's kernels.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernels {
@@ -240,6 +282,10 @@ pub(crate) struct Kernels {
     pub f32: FloatTile,
     pub f16: FloatTile,
     pub bf16: FloatTile,
+    /// Wide paths for Q4_0, Q4_1 and Q8_0, where the instruction set has one.
+    pub wide_q4_0: Option<Wide>,
+    pub wide_q4_1: Option<Wide>,
+    pub wide_q8_0: Option<Wide>,
 }
 
 /// Every kernel table this CPU can run, plainest first (the scalar one is always there).

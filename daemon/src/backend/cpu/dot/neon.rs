@@ -1,5 +1,365 @@
-//! placeholder
-use super::Kernels;
+//! NEON kernels (baseline AArch64, no dot-product extension): every weight type and the
+//! activation quantizers (K-quants in `k.rs`).
+//!
+//! Legacy blocks are decoded to signed 8-bit levels (`x = d * q + m`), multiplied with
+//! the activations by `smull`/`smlal` into 16-bit pairs and widened into four 32-bit
+//! lanes, so each block's integer dot product is exact; the per-block scaling is a
+//! vector FMA over those lanes.
+
+use std::arch::aarch64::*;
+
+use super::{scalar, F32Acts, Kernels, Out, Q8Acts, WTile};
+use crate::quant::{QK, QK_K};
+
+mod k;
+
 pub(super) fn kernels() -> Option<Kernels> {
-    None
+    if !std::arch::is_aarch64_feature_detected!("neon") {
+        return None;
+    }
+    Some(Kernels {
+        name: "neon",
+        quantize_q8,
+        quantize_q8k,
+        q4_0: legacy::<Q4_0>,
+        q4_1: legacy::<Q4_1>,
+        q5_0: legacy::<Q5_0>,
+        q5_1: legacy::<Q5_1>,
+        q8_0: legacy::<Q8_0>,
+        f32: float::<F32>,
+        f16: float::<F16>,
+        bf16: float::<BF16>,
+        q4_k: k::q4_k,
+        q5_k: k::q5_k,
+        q6_k: k::q6_k,
+        ..scalar::KERNELS
+    })
+}
+
+// Legacy type tags for the const-generic kernels.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+
+/// Bytes per block.
+const fn bb(t: u8) -> usize {
+    match t {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        _ => 34,
+    }
+}
+
+/// Whether the type has a stored offset `m` (the others' levels are made signed).
+const fn has_m(t: u8) -> bool {
+    t == Q4_1 || t == Q5_1
+}
+
+#[inline]
+fn f16_at(b: &[u8], off: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
+}
+
+/// Raw pointers to one tile's operands (see `avx512::LegacyArgs`).
+struct LegacyArgs<'a> {
+    w: &'a [u8],
+    row_bytes: usize,
+    nb: usize,
+    qs: *const i8,
+    d: &'a [f32],
+    s: &'a [f32],
+    cols: usize,
+}
+
+fn legacy<const T: u8>(w: &WTile, a: &Q8Acts, j0: usize, nr: usize, out: &mut Out) {
+    w.check(QK, bb(T));
+    a.check(w, j0, nr);
+    let nb = w.cols / QK;
+    let args = LegacyArgs {
+        w: w.data,
+        row_bytes: w.row_bytes,
+        nb,
+        qs: a.qs[j0 * a.cols..].as_ptr(),
+        d: &a.d[j0 * nb..],
+        s: &a.s[j0 * nb..],
+        cols: a.cols,
+    };
+    macro_rules! go {
+        ($m:literal, $n:literal) => {
+            // SAFETY: NEON is detected before the table is built (and is part of the
+            // AArch64 baseline); `check` asserted the bounds of the activation rows the
+            // kernel reads through `qs`.
+            unsafe { legacy_tile::<T, $m, $n>(&args, out) }
+        };
+    }
+    tile_shapes!(w.rows, nr, go)
+}
+
+/// 0xFF in byte `i` where bit `i` of the 16-bit `bits` is set.
+#[target_feature(enable = "neon")]
+#[inline]
+fn bytes_from_bits16(bits: u32) -> uint8x16_t {
+    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let v = vcombine_u8(vdup_n_u8(bits as u8), vdup_n_u8((bits >> 8) as u8));
+    // SAFETY: a 16-byte constant.
+    vtstq_u8(v, unsafe { vld1q_u8(BIT.as_ptr()) })
+}
+
+/// The signed levels of one block: elements 0..16 and 16..32.
+#[target_feature(enable = "neon")]
+#[inline]
+fn levels<const T: u8>(blk: &[u8]) -> (int8x16_t, int8x16_t) {
+    assert!(blk.len() >= bb(T));
+    // SAFETY: every load reads 16 bytes within the block (asserted above).
+    unsafe {
+        if T == Q8_0 {
+            let p = blk.as_ptr().add(2).cast::<i8>();
+            return (vld1q_s8(p), vld1q_s8(p.add(16)));
+        }
+        let qs_off = match T {
+            Q4_0 => 2,
+            Q4_1 => 4,
+            Q5_0 => 6,
+            _ => 8,
+        };
+        let q = vld1q_u8(blk.as_ptr().add(qs_off));
+        let mut lo = vandq_u8(q, vdupq_n_u8(0x0F));
+        let mut hi = vshrq_n_u8::<4>(q);
+        if T == Q5_0 || T == Q5_1 {
+            let o = qs_off - 4;
+            let qh = u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]);
+            let sixteen = vdupq_n_u8(0x10);
+            lo = vorrq_u8(lo, vandq_u8(bytes_from_bits16(qh), sixteen));
+            hi = vorrq_u8(hi, vandq_u8(bytes_from_bits16(qh >> 16), sixteen));
+        }
+        let off = match T {
+            Q4_0 => 8,
+            Q5_0 => 16,
+            _ => 0,
+        };
+        let off = vdupq_n_s8(off);
+        (
+            vsubq_s8(vreinterpretq_s8_u8(lo), off),
+            vsubq_s8(vreinterpretq_s8_u8(hi), off),
+        )
+    }
+}
+
+/// Exact dot product of 32 levels with 32 activations, in four 32-bit lanes.
+#[target_feature(enable = "neon")]
+#[inline]
+fn dot32(w: (int8x16_t, int8x16_t), x: (int8x16_t, int8x16_t)) -> int32x4_t {
+    // |level * x| <= 128 * 127, so two products fit an i16 lane.
+    let p0 = vmlal_high_s8(vmull_s8(vget_low_s8(w.0), vget_low_s8(x.0)), w.0, x.0);
+    let p1 = vmlal_high_s8(vmull_s8(vget_low_s8(w.1), vget_low_s8(x.1)), w.1, x.1);
+    vpadalq_s16(vpaddlq_s16(p0), p1)
+}
+
+/// # Safety
+/// NEON must be available and `a.qs` must point at `N` readable activation rows of
+/// `a.cols` bytes (`a.d` and `a.s` are bounds-checked slices).
+#[target_feature(enable = "neon")]
+unsafe fn legacy_tile<const T: u8, const M: usize, const N: usize>(a: &LegacyArgs, out: &mut Out) {
+    let b = bb(T);
+    let mut acc = [[vdupq_n_f32(0.0); N]; M];
+    let mut macc = [[0.0f32; N]; M];
+    for blk in 0..a.nb {
+        let mut w = [(vdupq_n_s8(0), vdupq_n_s8(0)); M];
+        let mut dw = [0.0f32; M];
+        let mut mw = [0.0f32; M];
+        for r in 0..M {
+            let bytes = &a.w[r * a.row_bytes + blk * b..r * a.row_bytes + (blk + 1) * b];
+            w[r] = levels::<T>(bytes);
+            dw[r] = f16_at(bytes, 0);
+            if has_m(T) {
+                mw[r] = f16_at(bytes, 2);
+            }
+        }
+        for j in 0..N {
+            // SAFETY: block `blk` of activation row j is within the `N` rows the caller
+            // guarantees.
+            let x = unsafe {
+                let p = a.qs.add(j * a.cols + blk * QK);
+                (vld1q_s8(p), vld1q_s8(p.add(16)))
+            };
+            let (dx, sx) = (a.d[j * a.nb + blk], a.s[j * a.nb + blk]);
+            for r in 0..M {
+                let isum = vcvtq_f32_s32(dot32(w[r], x));
+                acc[r][j] = vfmaq_n_f32(acc[r][j], isum, dw[r] * dx);
+                if has_m(T) {
+                    macc[r][j] += mw[r] * sx;
+                }
+            }
+        }
+    }
+    for r in 0..M {
+        for j in 0..N {
+            out[r][j] = vaddvq_f32(acc[r][j]) + macc[r][j];
+        }
+    }
+}
+
+// Float type tags.
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+
+const fn elem_bytes(t: u8) -> usize {
+    if t == F32 {
+        4
+    } else {
+        2
+    }
+}
+
+fn float<const T: u8>(w: &WTile, a: &F32Acts, j0: usize, nr: usize, out: &mut Out) {
+    w.check(1, elem_bytes(T));
+    a.check(w, j0, nr);
+    let x = &a.x[j0 * a.cols..];
+    macro_rules! go {
+        ($m:literal, $n:literal) => {
+            // SAFETY: NEON is part of the AArch64 baseline and detected first.
+            unsafe { float_tile::<T, $m, $n>(w, x, a.cols, out) }
+        };
+    }
+    tile_shapes!(w.rows, nr, go)
+}
+
+/// Four weights as `f32`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn load_w4<const T: u8>(b: &[u8]) -> float32x4_t {
+    assert!(b.len() >= 4 * elem_bytes(T));
+    // SAFETY: four elements are readable (asserted above).
+    unsafe {
+        match T {
+            F32 => vld1q_f32(b.as_ptr().cast()),
+            F16 => {
+                let h = vld1_u16(b.as_ptr().cast());
+                let f: float32x4_t;
+                // `fcvtl` (half to single) has no stable intrinsic: the f16 vector type
+                // is still unstable.
+                std::arch::asm!("fcvtl {0:v}.4s, {1:v}.4h", out(vreg) f, in(vreg) h, options(pure, nomem, nostack));
+                f
+            }
+            _ => vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(b.as_ptr().cast()))),
+        }
+    }
+}
+
+/// # Safety
+/// NEON must be available.
+#[target_feature(enable = "neon")]
+unsafe fn float_tile<const T: u8, const M: usize, const N: usize>(
+    w: &WTile,
+    x: &[f32],
+    cols: usize,
+    out: &mut Out,
+) {
+    let es = elem_bytes(T);
+    let mut acc = [[vdupq_n_f32(0.0); N]; M];
+    let mut i = 0;
+    while i < cols {
+        let n = (cols - i).min(4);
+        let mut wv = [vdupq_n_f32(0.0); M];
+        for r in 0..M {
+            let row = &w.row(r)[i * es..(i + n) * es];
+            wv[r] = if n == 4 {
+                load_w4::<T>(row)
+            } else {
+                let mut buf = [0u8; 16];
+                buf[..n * es].copy_from_slice(row);
+                load_w4::<T>(&buf)
+            };
+        }
+        for j in 0..N {
+            let mut buf = [0f32; 4];
+            buf[..n].copy_from_slice(&x[j * cols + i..j * cols + i + n]);
+            // SAFETY: a 4-element local buffer.
+            let xv = unsafe { vld1q_f32(buf.as_ptr()) };
+            for r in 0..M {
+                acc[r][j] = vfmaq_f32(acc[r][j], wv[r], xv);
+            }
+        }
+        i += 4;
+    }
+    for r in 0..M {
+        for j in 0..N {
+            out[r][j] = vaddvq_f32(acc[r][j]);
+        }
+    }
+}
+
+/// Rounds `8 * k` floats times `inv` (half to even, like the scalar twin) into `q`;
+/// returns the sum of every 16 of them.
+#[target_feature(enable = "neon")]
+#[inline]
+fn round_store(x: &[f32], inv: f32, q: &mut [i8], sums: &mut [i32]) {
+    for ((xs, qs), sum) in x
+        .chunks_exact(16)
+        .zip(q.chunks_exact_mut(16))
+        .zip(sums.iter_mut())
+    {
+        // SAFETY: 16 floats read and 16 bytes written, within the chunks.
+        unsafe {
+            let v: [int32x4_t; 4] = std::array::from_fn(|k| {
+                vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(xs.as_ptr().add(4 * k)), inv))
+            });
+            let h0 = vcombine_s16(vqmovn_s32(v[0]), vqmovn_s32(v[1]));
+            let h1 = vcombine_s16(vqmovn_s32(v[2]), vqmovn_s32(v[3]));
+            vst1q_s8(qs.as_mut_ptr(), vcombine_s8(vqmovn_s16(h0), vqmovn_s16(h1)));
+            *sum = vaddvq_s32(vaddq_s32(vaddq_s32(v[0], v[1]), vaddq_s32(v[2], v[3])));
+        }
+    }
+}
+
+#[target_feature(enable = "neon")]
+#[inline]
+fn absmax(x: &[f32]) -> f32 {
+    let mut m = vdupq_n_f32(0.0);
+    for c in x.chunks_exact(4) {
+        // SAFETY: four floats within the chunk.
+        m = vmaxq_f32(m, vabsq_f32(unsafe { vld1q_f32(c.as_ptr()) }));
+    }
+    vmaxvq_f32(m)
+}
+
+fn quantize_q8(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    // SAFETY: NEON is part of the AArch64 baseline and detected first.
+    unsafe { quantize_q8_impl(x, qs, d, s) }
+}
+
+#[target_feature(enable = "neon")]
+fn quantize_q8_impl(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let blocks = x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK));
+    for ((xb, qb), (db, sb)) in blocks.zip(d.iter_mut().zip(s.iter_mut())) {
+        let (scale, inv) = scalar::q8_scale(absmax(xb));
+        let mut sums = [0i32; 2];
+        round_store(xb, inv, qb, &mut sums);
+        *db = scale;
+        *sb = scale * (sums[0] + sums[1]) as f32;
+    }
+}
+
+fn quantize_q8k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    // SAFETY: NEON is part of the AArch64 baseline and detected first.
+    unsafe { quantize_q8k_impl(x, qs, d, bsums) }
+}
+
+#[target_feature(enable = "neon")]
+fn quantize_q8k_impl(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    let blocks = x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K));
+    for ((xb, qb), (db, bs)) in blocks.zip(d.iter_mut().zip(bsums.chunks_exact_mut(16))) {
+        let (scale, inv) = scalar::q8_scale(absmax(xb));
+        let mut sums = [0i32; 16];
+        round_store(xb, inv, qb, &mut sums);
+        for (b, s) in bs.iter_mut().zip(sums) {
+            *b = s as i16;
+        }
+        *db = scale;
+    }
 }

@@ -278,3 +278,79 @@ fn activation_quantizer_round_trips_within_half_a_step() {
         }
     }
 }
+
+/// The wide path (repacked weights) against the scalar tile kernels.
+#[test]
+fn wide_kernels_match_the_scalar_tiles() {
+    let mut rng = Rng::new(6);
+    for k in available() {
+        for (ty, wide) in [
+            (GgmlType::Q4_0, k.wide_q4_0),
+            (GgmlType::Q4_1, k.wide_q4_1),
+            (GgmlType::Q8_0, k.wide_q8_0),
+        ] {
+            let Some(wide) = wide else { continue };
+            for cols in [32, 96, 576] {
+                for rows in [1, 5, 16] {
+                    let w = random_weights(ty, rows, cols, &mut rng);
+                    let x = random_acts((WIDE_ACTS + 1) * cols, &mut rng);
+                    let n = x.len();
+                    let (mut qs, mut d, mut s) =
+                        (vec![0i8; n], vec![0f32; n / 32], vec![0f32; n / 32]);
+                    scalar::quantize_q8(&x, &mut qs, &mut d, &mut s);
+                    let acts = Q8Acts {
+                        qs: &qs,
+                        d: &d,
+                        s: &s,
+                        cols,
+                    };
+                    let rb = w.len() / rows;
+                    let group = WTile {
+                        data: &w,
+                        row_bytes: rb,
+                        rows,
+                        cols,
+                    };
+                    let mut buf = Repacked::default();
+                    (wide.repack)(&group, &mut buf);
+                    let wf = dequantize_all(ty, &w, rows, cols);
+                    for (j0, nr) in [(0, 1), (1, 3), (0, WIDE_ACTS), (1, WIDE_ACTS)] {
+                        let mut got: WideOut = [[f32::NAN; WIDE_ROWS]; WIDE_ACTS];
+                        (wide.dot)(&buf, &acts, j0, nr, &mut got);
+                        for r in 0..rows {
+                            let one = WTile {
+                                data: &w[r * rb..(r + 1) * rb],
+                                row_bytes: rb,
+                                rows: 1,
+                                cols,
+                            };
+                            for j in 0..nr {
+                                let mut want = [[0f32; NR]; MR];
+                                let tile = match ty {
+                                    GgmlType::Q4_0 => scalar::KERNELS.q4_0,
+                                    GgmlType::Q4_1 => scalar::KERNELS.q4_1,
+                                    _ => scalar::KERNELS.q8_0,
+                                };
+                                tile(&one, &acts, j0 + j, 1, &mut want);
+                                let xr = &x[(j0 + j) * cols..(j0 + j + 1) * cols];
+                                let mag: f32 = wf[r * cols..(r + 1) * cols]
+                                    .iter()
+                                    .zip(xr)
+                                    .map(|(a, b)| (a * b).abs())
+                                    .sum();
+                                let tol = 2e-5 * mag + 1e-30;
+                                assert!(
+                                    (got[j][r] - want[0][0]).abs() <= tol,
+                                    "{} {ty} cols={cols} rows={rows} [{j}][{r}]: {} vs {}",
+                                    k.name,
+                                    got[j][r],
+                                    want[0][0]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

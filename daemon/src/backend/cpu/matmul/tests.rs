@@ -121,18 +121,20 @@ fn large_batches_use_the_parallel_quantizer_consistently() {
 fn scratch_is_reused_without_growing() {
     let pool = ThreadPool::new(2);
     let mut rng = Rng::new(13);
-    let data = random_weights(GgmlType::Q8_0, 64, 256, &mut rng);
-    let w = WeightMatrix::new(GgmlType::Q8_0, 64, 256, &data).unwrap();
-    let x = random_acts(8 * 256, &mut rng);
-    let mut scratch = MatmulScratch::default();
-    let mut y = vec![0.0; 8 * 64];
-    matmul(&pool, &w, &x, 8, &mut y, &mut scratch);
-    let first = y.clone();
-    let caps = format!("{scratch:?}").len();
-    matmul(&pool, &w, &x[..256], 1, &mut y[..64], &mut scratch);
-    matmul(&pool, &w, &x, 8, &mut y, &mut scratch);
-    assert_eq!(format!("{scratch:?}").len(), caps);
-    assert_eq!(y, first);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_K] {
+        let data = random_weights(ty, 64, 256, &mut rng);
+        let w = WeightMatrix::new(ty, 64, 256, &data).unwrap();
+        let x = random_acts(16 * 256, &mut rng);
+        let mut scratch = MatmulScratch::default();
+        let mut y = vec![0.0; 16 * 64];
+        matmul(&pool, &w, &x, 16, &mut y, &mut scratch);
+        let first = y.clone();
+        let caps = scratch.capacities();
+        matmul(&pool, &w, &x[..256], 1, &mut y[..64], &mut scratch);
+        matmul(&pool, &w, &x, 16, &mut y, &mut scratch);
+        assert_eq!(scratch.capacities(), caps, "{ty}");
+        assert_eq!(y, first, "{ty}");
+    }
 }
 
 #[test]
