@@ -74,6 +74,9 @@ pub struct ServeArgs {
     /// Requests that may wait beyond the running ones before new ones get `busy` [default: 64].
     #[arg(long)]
     pub max_queued: Option<usize>,
+    /// Requests one user (uid) may have running or queued at once [default: no cap].
+    #[arg(long)]
+    pub max_per_uid: Option<usize>,
     /// Tokens per forward step, decodes plus prompt chunks [default: 512].
     #[arg(long)]
     pub step_tokens: Option<usize>,
@@ -122,6 +125,7 @@ impl ServeArgs {
             max_running: self.max_running.or(file.max_running),
             max_queued: self.max_queued.or(file.max_queued),
             step_tokens: self.step_tokens.or(file.step_tokens),
+            max_per_uid: self.max_per_uid.or(file.max_per_uid),
             chat_template: self.chat_template.or(file.chat_template),
             max_frame_bytes: self.max_frame_bytes.or(file.max_frame_bytes),
             keep_jobs: self.keep_jobs.or(file.keep_jobs),

@@ -45,6 +45,8 @@ fn model_name(arg: &str, path: &Path) -> String {
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
+    // Kept as given, so SIGHUP can merge the command line over the re-read config file.
+    let cli_args = args.clone();
     let args = args.with_config_file()?;
     match args.device.unwrap_or_default() {
         DeviceArg::Cuda => anyhow::bail!(
@@ -98,6 +100,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.max_running = args.max_running.unwrap_or(cfg.max_running);
     cfg.max_queued = args.max_queued.unwrap_or(cfg.max_queued);
     cfg.step_tokens = args.step_tokens.unwrap_or(cfg.step_tokens);
+    cfg.max_per_uid = args.max_per_uid;
     cfg.keep_jobs = args.keep_jobs.unwrap_or(cfg.keep_jobs);
     if let Some(p) = &args.chat_template {
         cfg.chat_template = Some(
@@ -108,7 +111,20 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let engine = EngineHandle::start(model, cfg)?;
     tracing::info!(model = %name, path = %path.display(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
 
-    let result = rt.block_on(run_server(listener, server_cfg, engine.clone(), grace));
+    let access = server::Access::for_this_process(&server_cfg);
+    let reload = Reload {
+        cli_args,
+        access: access.clone(),
+        engine: engine.clone(),
+    };
+    let result = rt.block_on(run_server(
+        listener,
+        server_cfg,
+        access,
+        engine.clone(),
+        grace,
+        reload,
+    ));
     engine.shutdown(Duration::ZERO);
     engine.join();
     let _ = std::fs::remove_file(pid_file(&socket_path));
@@ -141,17 +157,77 @@ fn pid_file(socket: &Path) -> PathBuf {
 async fn run_server(
     listener: server::Listener,
     cfg: ServerConfig,
+    access: server::Access,
     engine: Arc<EngineHandle>,
     grace: Duration,
+    reload: Reload,
 ) -> anyhow::Result<()> {
     tracing::info!(socket = %cfg.socket_path.display(), "serving");
     notify::ready(&engine);
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone(), engine.clone(), grace));
     tokio::spawn(notify::keep_alive(engine.clone(), shutdown.clone()));
+    tokio::spawn(watch_reload(reload, shutdown.clone()));
     let dyn_engine: Arc<dyn Engine> = engine;
-    server::serve(listener, cfg, dyn_engine, shutdown).await?;
+    server::serve_with_access(listener, cfg, dyn_engine, shutdown, access).await?;
     Ok(())
+}
+
+/// What SIGHUP re-reads and where it applies it.
+struct Reload {
+    cli_args: ServeArgs,
+    access: server::Access,
+    engine: Arc<EngineHandle>,
+}
+
+impl Reload {
+    /// Re-reads the config file (flags still win) and applies the allow-lists and the
+    /// queue limits. Connections and running generations are not touched.
+    fn apply(&self) -> anyhow::Result<()> {
+        let args = self.cli_args.clone().with_config_file()?;
+        let gids = args
+            .allowed_gids
+            .clone()
+            .unwrap_or_else(|| sparkd_group().into_iter().collect());
+        self.access.update(
+            Some(args.allowed_uids.clone().unwrap_or_default()),
+            Some(gids),
+        );
+        let mut limits = self.engine.queue_limits();
+        if let Some(q) = args.max_queued {
+            limits.max_queued = q;
+        }
+        limits.max_per_uid = args.max_per_uid;
+        self.engine.set_queue_limits(limits);
+        tracing::info!(
+            max_queued = limits.max_queued,
+            max_per_uid = ?limits.max_per_uid,
+            allowed_uids = ?args.allowed_uids,
+            allowed_gids = ?args.allowed_gids,
+            "configuration reloaded"
+        );
+        Ok(())
+    }
+}
+
+async fn watch_reload(reload: Reload, shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot install the SIGHUP handler");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = hup.recv() => {
+                notify::reloading();
+                if let Err(e) = reload.apply() {
+                    tracing::error!(error = %format!("{e:#}"), "reload failed; keeping the previous settings");
+                }
+                notify::ready(&reload.engine);
+            }
+        }
+    }
 }
 
 /// First SIGTERM/SIGINT: stop accepting and let generations finish within `grace`.

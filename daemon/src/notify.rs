@@ -42,6 +42,13 @@ pub fn ready(engine: &EngineHandle) {
     send(&[NotifyState::Ready, NotifyState::Status(&line)]);
 }
 
+pub fn reloading() {
+    send(&[
+        NotifyState::Reloading,
+        NotifyState::Status("reloading configuration"),
+    ]);
+}
+
 pub fn stopping() {
     send(&[NotifyState::Stopping, NotifyState::Status("shutting down")]);
 }

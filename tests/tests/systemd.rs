@@ -202,3 +202,88 @@ fn a_user_outside_the_allow_list_is_refused_with_uid_only_in_the_log() {
     let log = d.log_text();
     assert!(log.contains("65534"), "refusal logged with the uid: {log}");
 }
+
+#[test]
+fn sighup_reloads_the_allow_list_and_limits_without_dropping_connections() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--help").output().is_err() {
+        eprintln!("skipping: needs root and setpriv to connect as another user");
+        return;
+    }
+    let dir = TempDir::new("hup");
+    let config = dir.path().join("sparkd.toml");
+    std::fs::write(&config, "max_per_uid = 1\n").unwrap();
+    let d = Daemon::start(&tiny_model(), &["--config", config.to_str().unwrap()]);
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let as_nobody = || {
+        Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(bin("spark"))
+            .arg("--socket")
+            .arg(&d.socket)
+            .arg("status")
+            .env("SPARKD_NO_AUTOSTART", "1")
+            .output()
+            .expect("run spark as nobody")
+    };
+    assert!(!as_nobody().status.success(), "refused before the reload");
+
+    // A connection open across the reload, with a generation running.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&frame(&hello())).unwrap();
+    assert!(matches!(
+        read_frame(&mut s).unwrap(),
+        ServerMessage::Welcome(_)
+    ));
+    let gen = |id: u64, max: u32| {
+        ClientMessage::Generate(GenerateRequest {
+            id,
+            model: None,
+            input: PromptInput::Raw {
+                text: "hold on".into(),
+                special: false,
+            },
+            sampling: SamplingParams::default(),
+            max_tokens: Some(max),
+            stop: vec![],
+            logprobs: None,
+        })
+    };
+    s.write_all(&frame(&gen(1, 400))).unwrap();
+    // max_per_uid = 1: a second concurrent request of the same user is refused.
+    s.write_all(&frame(&gen(2, 5))).unwrap();
+    let mut busy = false;
+    let mut first_done = None;
+    while first_done.is_none() {
+        match read_frame(&mut s).unwrap() {
+            ServerMessage::Error(e) if e.id == Some(2) => {
+                assert_eq!(e.kind, ErrorKind::Busy, "{e:?}");
+                busy = true;
+                // Now reload with the stranger allowed, while request 1 streams.
+                std::fs::write(&config, "max_per_uid = 4\nallowed_uids = [65534]\n").unwrap();
+                d.signal(libc::SIGHUP);
+            }
+            ServerMessage::Token(_) => {}
+            ServerMessage::Done(done) => first_done = Some(done),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(busy, "the per-user limit refused the second request");
+    assert_eq!(
+        first_done.unwrap().finish_reason,
+        FinishReason::Length,
+        "the stream survived the reload"
+    );
+    let start = Instant::now();
+    while !as_nobody().status.success() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "reload did not admit uid 65534: {}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.log_text().contains("configuration reloaded"));
+}

@@ -358,6 +358,9 @@ impl EngineCore {
         );
         let _ = s.events.send(ServerMessage::Done(done));
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some(uid) = s.client.uid {
+            self.shared.release_uid_slot(uid);
+        }
     }
 
     fn model_name(&self) -> &str {

@@ -38,6 +38,8 @@ pub struct EngineConfig {
     /// Requests waiting beyond the running ones; past this, `Busy`.
     pub max_queued: usize,
     pub step_tokens: usize,
+    /// Requests one client uid may have running or queued; `None`: no per-user cap.
+    pub max_per_uid: Option<usize>,
     pub keep_jobs: usize,
     /// Replaces the model's own chat template.
     pub chat_template: Option<String>,
@@ -53,6 +55,7 @@ impl EngineConfig {
             max_running: 16,
             max_queued: 64,
             step_tokens: 512,
+            max_per_uid: None,
             keep_jobs: 1000,
             chat_template: None,
         }
@@ -69,8 +72,16 @@ pub enum EngineError {
     Thread(std::io::Error),
 }
 
+/// The admission limits that SIGHUP may change while the engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    pub max_queued: usize,
+    pub max_per_uid: Option<usize>,
+}
+
 pub struct EngineHandle {
     commands: Mutex<Sender<Command>>,
+    queue_limits: std::sync::RwLock<QueueLimits>,
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
@@ -142,6 +153,10 @@ impl EngineHandle {
         );
         Ok(Arc::new(EngineHandle {
             commands: Mutex::new(tx),
+            queue_limits: std::sync::RwLock::new(QueueLimits {
+                max_queued: config.max_queued,
+                max_per_uid: config.max_per_uid,
+            }),
             model,
             tokenizer,
             template,
@@ -167,6 +182,15 @@ impl EngineHandle {
 
     pub fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    pub fn queue_limits(&self) -> QueueLimits {
+        *self.queue_limits.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// New admission limits (SIGHUP); requests already admitted are not touched.
+    pub fn set_queue_limits(&self, limits: QueueLimits) {
+        *self.queue_limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
     }
 
     fn send(&self, cmd: Command) -> bool {
@@ -357,7 +381,9 @@ impl EngineHandle {
 impl Engine for EngineHandle {
     fn submit(&self, sub: Submission) -> Result<(), ErrorEvent> {
         let id = sub.request.id;
-        let limit = self.config.max_running + self.config.max_queued;
+        let uid = sub.client.uid;
+        let limits = self.queue_limits();
+        let limit = self.config.max_running + limits.max_queued;
         // Count first so that concurrent submissions cannot all slip under the limit.
         if self.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -367,15 +393,33 @@ impl Engine for EngineHandle {
                 format!("sparkd is busy: {limit} requests running or queued"),
             ));
         }
+        if let Some(uid) = uid {
+            if let Err(n) = self.shared.take_uid_slot(uid, limits.max_per_uid) {
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                return Err(invalid(
+                    id,
+                    ErrorKind::Busy,
+                    format!(
+                        "uid {uid} already has {n} requests running or queued (the per-user limit)"
+                    ),
+                ));
+            }
+        }
+        let release = || {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            if let Some(uid) = uid {
+                self.shared.release_uid_slot(uid);
+            }
+        };
         let seq = match self.build_sequence(sub) {
             Ok(s) => s,
             Err(e) => {
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                release();
                 return Err(e);
             }
         };
         if !self.send(Command::Submit(seq)) {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            release();
             return Err(invalid(
                 id,
                 ErrorKind::ShuttingDown,

@@ -1,7 +1,7 @@
 //! State the engine thread publishes for everyone else: load figures for `Status`, the
 //! totals, and the ring of recently finished jobs (counts and timings, never text).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -28,6 +28,8 @@ pub struct Shared {
     jobs: Mutex<VecDeque<JobRecord>>,
     /// When the engine loop last went round; the watchdog's evidence of life.
     heartbeat: Mutex<Instant>,
+    /// Requests running or queued per client uid, for the per-user limit.
+    per_uid: Mutex<HashMap<u32, usize>>,
 }
 
 pub fn unix_ms(t: SystemTime) -> u64 {
@@ -43,6 +45,7 @@ impl Shared {
             load: Mutex::new(Load::default()),
             jobs: Mutex::new(VecDeque::new()),
             heartbeat: Mutex::new(Instant::now()),
+            per_uid: Mutex::new(HashMap::new()),
         }
     }
 
@@ -98,6 +101,28 @@ impl Shared {
             jobs.pop_front();
         }
         jobs.push_back(record);
+    }
+
+    /// Counts a new request of `uid` unless it already has `limit` in flight; returns
+    /// the count it had when refused.
+    pub(crate) fn take_uid_slot(&self, uid: u32, limit: Option<usize>) -> Result<(), usize> {
+        let mut map = self.per_uid.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(uid).or_insert(0);
+        if limit.is_some_and(|l| *n >= l) {
+            return Err(*n);
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    pub(crate) fn release_uid_slot(&self, uid: u32) {
+        let mut map = self.per_uid.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&uid);
+            }
+        }
     }
 
     /// Most recent first.

@@ -10,4 +10,4 @@ pub mod scheduler;
 pub mod sequence;
 
 pub use api::{ClientInfo, ConnId, Engine, Submission};
-pub use handle::{resident_bytes, EngineConfig, EngineError, EngineHandle};
+pub use handle::{resident_bytes, EngineConfig, EngineError, EngineHandle, QueueLimits};

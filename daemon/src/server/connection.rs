@@ -22,7 +22,7 @@ use tokio::{
 };
 use tokio_util::{codec::Framed, sync::CancellationToken};
 
-use super::peercred::{self, AllowList};
+use super::peercred::{self, Access};
 use crate::engine::{ClientInfo, ConnId, Engine, Submission};
 
 type ServerFramed = Framed<UnixStream, MessageCodec<ClientMessage, ServerMessage>>;
@@ -38,7 +38,7 @@ pub(crate) struct Shared {
     pub engine: Arc<dyn Engine>,
     pub max_frame_bytes: usize,
     pub handshake_timeout: Duration,
-    pub allow: AllowList,
+    pub allow: Access,
 }
 
 /// Why a connection ended, for the log.

@@ -24,4 +24,5 @@ mod tests;
 pub use config::ServerConfig;
 pub use error::ServerError;
 pub use listener::{bind, Listener};
-pub use serve::serve;
+pub use peercred::Access;
+pub use serve::{serve, serve_with_access};

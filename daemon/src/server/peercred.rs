@@ -1,6 +1,7 @@
 //! Who is connecting (the socket's peer credentials) and whether they may.
 
 use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
 
 use tokio::net::UnixStream;
 
@@ -20,6 +21,36 @@ pub(crate) fn client_info(stream: &UnixStream) -> ClientInfo {
             tracing::warn!(%err, "peer credentials unavailable");
             ClientInfo::default()
         }
+    }
+}
+
+/// The live allow-list of a running server: checked on every new connection and
+/// replaceable at any time (SIGHUP) without touching open connections.
+#[derive(Debug, Clone)]
+pub struct Access(Arc<RwLock<AllowList>>);
+
+impl Access {
+    /// Root, the daemon's own user, and the configured users and groups.
+    pub fn for_this_process(config: &ServerConfig) -> Self {
+        Self::from_list(AllowList::for_this_process(config))
+    }
+
+    pub(crate) fn from_list(list: AllowList) -> Self {
+        Self(Arc::new(RwLock::new(list)))
+    }
+
+    /// Replaces the configured users and groups; connections already admitted stay.
+    pub fn update(&self, allowed_uids: Option<Vec<u32>>, allowed_gids: Option<Vec<u32>>) {
+        let mut list = self.0.write().unwrap_or_else(|e| e.into_inner());
+        list.uids = allowed_uids.map(|ids| ids.into_iter().collect());
+        list.gids = allowed_gids.map(|ids| ids.into_iter().collect());
+    }
+
+    pub(crate) fn permits(&self, client: &ClientInfo) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .permits(client)
     }
 }
 

@@ -10,9 +10,11 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
+#[cfg(test)]
+use super::peercred::AllowList;
 use super::{
     connection::{self, Shared},
-    peercred::AllowList,
+    peercred::Access,
     Listener, ServerConfig, ServerError,
 };
 use crate::engine::{ConnId, Engine};
@@ -31,17 +33,40 @@ pub async fn serve(
     engine: Arc<dyn Engine>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let allow = AllowList::for_this_process(&config);
-    serve_with(listener, config, engine, shutdown, allow).await
+    let access = Access::for_this_process(&config);
+    serve_with_access(listener, config, engine, shutdown, access).await
+}
+
+/// [`serve`] with an allow-list the caller keeps a handle to, to change it while the
+/// server runs (`Access::update`, on SIGHUP).
+pub async fn serve_with_access(
+    listener: Listener,
+    config: ServerConfig,
+    engine: Arc<dyn Engine>,
+    shutdown: CancellationToken,
+    access: Access,
+) -> Result<(), ServerError> {
+    run(listener, config, engine, shutdown, access).await
 }
 
 /// [`serve`] with the allow-list given, so tests can be strangers to themselves.
+#[cfg(test)]
 pub(crate) async fn serve_with(
     listener: Listener,
     config: ServerConfig,
     engine: Arc<dyn Engine>,
     shutdown: CancellationToken,
     allow: AllowList,
+) -> Result<(), ServerError> {
+    run(listener, config, engine, shutdown, Access::from_list(allow)).await
+}
+
+async fn run(
+    listener: Listener,
+    config: ServerConfig,
+    engine: Arc<dyn Engine>,
+    shutdown: CancellationToken,
+    allow: Access,
 ) -> Result<(), ServerError> {
     let shared = Arc::new(Shared {
         engine,
