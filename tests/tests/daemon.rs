@@ -352,3 +352,45 @@ fn sigterm_ends_open_streams_with_done_and_exits_zero() {
     let status = d.child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
 }
+
+async fn tokens_of(client: &spark_client::Client, req: GenerateRequest) -> Vec<u32> {
+    let mut gen = client.generate(req).await.expect("generate accepted");
+    let mut ids = Vec::new();
+    while let Some(ev) = gen.next().await {
+        match ev.expect("stream event") {
+            GenerationEvent::Token(t) => ids.push(t.token),
+            GenerationEvent::Done(_) => return ids,
+        }
+    }
+    panic!("stream ended without Done");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_sampling_is_reproducible_whatever_runs_beside_it() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    let c = d.client().await;
+    let sampled = |id: u64, seed: u64| GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..Default::default()
+        },
+        ..raw_request(id, "the same prompt every time", 24)
+    };
+    let alone = tokens_of(&c, sampled(1, 77)).await;
+    assert_eq!(alone.len(), 24);
+    // The same request again, this time sharing every step with seven others.
+    let mut others = Vec::new();
+    for i in 0..7u64 {
+        let c = c.clone();
+        others.push(tokio::spawn(async move {
+            tokens_of(&c, sampled(10 + i, 1000 + i)).await
+        }));
+    }
+    let together = tokens_of(&c, sampled(2, 77)).await;
+    for o in others {
+        o.await.unwrap();
+    }
+    assert_eq!(alone, together, "same seed and prompt, same tokens");
+}
