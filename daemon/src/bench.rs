@@ -25,6 +25,8 @@ pub struct BenchReport {
     pub aggregate_4_tps: f64,
     pub aggregate_8_tps: f64,
     pub resident_after_load_bytes: u64,
+    /// After every weight has been read and the KV pool used: the steady state.
+    pub resident_after_run_bytes: u64,
     pub kv_bytes: u64,
     pub peer: Option<PeerReport>,
 }
@@ -162,6 +164,7 @@ pub fn run(
     let decode_tps = b.decode(1, 64);
     let aggregate_4_tps = b.decode(4, 48);
     let aggregate_8_tps = b.decode(8, 48);
+    let resident_after_run = crate::engine::resident_bytes();
     let bytes_per_token = model.weights.bytes_per_token();
     let peer = match peer {
         Some(dir) => Some(run_peer(dir, &model.path, threads)?),
@@ -180,6 +183,7 @@ pub fn run(
         aggregate_4_tps,
         aggregate_8_tps,
         resident_after_load_bytes: resident_after_load,
+        resident_after_run_bytes: resident_after_run,
         kv_bytes: b.kv.bytes() as u64,
         peer,
     })
@@ -276,10 +280,14 @@ pub fn print_table(r: &BenchReport) {
         r.aggregate_8_tps / r.decode_tps
     );
     println!("decode reads {:.1} GB/s of weights", r.decode_gbps);
+    let budget = (r.file_bytes + r.kv_bytes) as f64 * 1.1;
     println!(
-        "resident after load {:.1} MB (file {:.1} MB; KV pool of the engine comes on top)",
+        "resident after load {:.1} MB; after the run {:.1} MB (file {:.1} MB + KV pool {:.1} MB, +10% = {:.1} MB)",
         r.resident_after_load_bytes as f64 / 1e6,
-        r.file_bytes as f64 / 1e6
+        r.resident_after_run_bytes as f64 / 1e6,
+        r.file_bytes as f64 / 1e6,
+        r.kv_bytes as f64 / 1e6,
+        budget / 1e6
     );
     println!("(aggregate ratios are against our own single-stream decode)");
 }
