@@ -11,6 +11,7 @@ mod output;
 mod pull;
 mod request;
 mod run;
+mod serve_openai;
 mod status;
 mod stop;
 mod stream;
@@ -63,6 +64,8 @@ enum Command {
     Stop,
     /// Download a model
     Pull(pull::Args),
+    /// Serve the OpenAI-compatible HTTP API and the web page in front of the daemon
+    ServeOpenai(serve_openai::Args),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
             Command::Tokenize(args) => tokenize::run(&global, args).await,
             Command::Stop => stop::run(&global).await,
             Command::Pull(args) => pull::run(args).await,
+            Command::ServeOpenai(args) => serve_openai::run(&global, args).await,
         }
     });
     match result {
