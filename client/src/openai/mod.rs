@@ -15,6 +15,7 @@ mod request;
 mod response;
 mod routes;
 mod server;
+mod web;
 
 pub use args::ServeOpenAiArgs;
 pub use backend::{Backend, BackendError, BackendEvent, EventStream};

@@ -82,6 +82,7 @@ pub fn router(
         .merge(v1)
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
+        .merge(super::web::routes())
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), count_request))

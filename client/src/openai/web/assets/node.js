@@ -1,0 +1,65 @@
+// The node panel, from GET /v1/status (the daemon's StatusReport).
+
+import { bytes, count, duration, integer } from './format.js';
+
+let shown = '';
+
+/** Redraws the facts list from `status`, only when something changed. */
+export function renderNode(status) {
+  const model = status.model || {};
+  const kvUsed = status.kv_blocks_used;
+  const kvTotal = status.kv_blocks_total;
+  const blockTokens = status.kv_block_tokens;
+  const facts = [
+    ['Model', model.name, `${model.architecture} · ${model.quantization} · ${count(model.parameters)} parameters · context ${integer(model.context_length)}`],
+    ['Backend', `${status.backend} · ${status.device}`],
+    ['Memory', `${bytes(status.resident_bytes)} resident`],
+    ['Requests', `${status.running} running · ${status.queued} queued`],
+    ['KV cache', `${integer(kvUsed)} / ${integer(kvTotal)} blocks · ${integer(kvUsed * blockTokens)} / ${integer(kvTotal * blockTokens)} tokens`, null, [kvUsed, kvTotal]],
+    ['Served', `${integer(status.requests_served)} requests · ${integer(status.tokens_generated)} tokens generated · ${integer(status.prompt_tokens_processed)} prompt tokens`],
+    ['Uptime', duration(status.uptime_s * 1000)],
+    ['Daemon', `sparkd ${status.daemon_version}`],
+  ];
+  const key = JSON.stringify(facts.map(([, v, d, m]) => [v, d, m]).filter((_, i) => i !== 6));
+  const list = document.getElementById('node');
+  list.removeAttribute('aria-busy');
+  if (key === shown) {
+    // Only the uptime moved: update it without rebuilding the list.
+    const uptime = list.querySelector('[data-fact="Uptime"]');
+    if (uptime) uptime.textContent = facts[6][1];
+    return;
+  }
+  shown = key;
+  list.replaceChildren(...facts.flatMap(fact));
+}
+
+function fact([label, value, detail, meter]) {
+  const dt = document.createElement('dt');
+  dt.textContent = label;
+  const dd = document.createElement('dd');
+  const main = document.createElement('span');
+  main.dataset.fact = label;
+  main.textContent = value;
+  dd.append(main);
+  if (detail) {
+    const small = document.createElement('span');
+    small.className = 'detail';
+    small.textContent = detail;
+    dd.append(small);
+  }
+  if (meter && meter[1] > 0) {
+    const m = document.createElement('meter');
+    m.min = 0;
+    m.max = meter[1];
+    m.value = meter[0];
+    m.high = meter[1] * 0.9;
+    m.setAttribute('aria-label', `${label} use`);
+    dd.append(m);
+  }
+  return [dt, dd];
+}
+
+/** One line for the page header: `tiny on cpu`. */
+export function summary(status) {
+  return `${status.model ? status.model.name : 'no model'} on ${status.backend}`;
+}
