@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 cargo build --workspace --bins
 cargo test --workspace --no-fail-fast
 tests/openai_sdk/e2e.sh
+tests/browser/run.sh
 scripts/verify-units.sh
