@@ -92,6 +92,7 @@ pub async fn serve_openai(
         let settings = ProxySettings {
             forward_authorization: config.api_key.is_none(),
             max_body_bytes: config.max_body_bytes,
+            shutdown: shutdown.clone(),
         };
         let proxy = Proxy::start(config.upstreams, backend.clone(), settings)?;
         // Know the upstreams' models before the first request (a miss would re-read).

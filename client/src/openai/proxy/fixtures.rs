@@ -318,3 +318,47 @@ fn sparkds_own_shim() {
         v["usage"]["completion_tokens"].as_u64().unwrap() as u32
     );
 }
+
+/// The tap's own cost per SSE chunk (the events of a real stream, ~300 bytes each).
+/// Prints figures; asserts nothing about them.
+/// `cargo test -p spark-client --lib tap_cost -- --ignored --nocapture`
+#[test]
+#[ignore = "a benchmark: run by hand"]
+fn tap_cost_per_chunk() {
+    let chunks = events(LLAMA_STREAM_USAGE);
+    let rounds = 20_000;
+    let (sink, mut jobs) = mpsc::unbounded_channel();
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        let meta = JobMeta {
+            engine: "llama".into(),
+            upstream: String::new(),
+            model: "m".into(),
+            request_id: 1,
+            endpoint: Endpoint::Generation,
+        };
+        let mut tap = Tap::start(meta, sink.clone());
+        tap.reply(ReplyHead {
+            status: 200,
+            kind: BodyKind::Sse,
+            compressed: false,
+            content_length: None,
+        });
+        for chunk in &chunks {
+            tap.observe(std::hint::black_box(chunk.as_bytes()));
+        }
+        tap.finish(End::Complete);
+        jobs.try_recv().expect("a job");
+    }
+    let elapsed = start.elapsed();
+    let n_chunks = (rounds * chunks.len()) as f64;
+    let bytes = (rounds * LLAMA_STREAM_USAGE.len()) as f64;
+    eprintln!(
+        "tap: {:.0} ns per chunk (incl. per-response setup and final scan), {:.0} MB/s, \
+         {:.1} us per {}-chunk response",
+        elapsed.as_nanos() as f64 / n_chunks,
+        bytes / elapsed.as_secs_f64() / 1e6,
+        elapsed.as_micros() as f64 / rounds as f64,
+        chunks.len()
+    );
+}

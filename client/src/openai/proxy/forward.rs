@@ -151,7 +151,7 @@ async fn forward(
             .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity")),
         content_length: reply.content_length(),
     });
-    let body = TappedBody::new(reply.bytes_stream(), tap);
+    let body = TappedBody::new(reply.bytes_stream(), tap, proxy.shutdown.clone());
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;

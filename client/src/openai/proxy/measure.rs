@@ -55,6 +55,8 @@ pub enum End {
     UpstreamFailed,
     /// The client went away first.
     ClientGone,
+    /// The server shut down first.
+    Shutdown,
 }
 
 /// Who served the request; fixed before it is sent.
@@ -103,6 +105,7 @@ pub fn job(meta: JobMeta, seen: &Observed) -> ExternalJob {
     let finish_reason = match seen.end {
         _ if http_error => FinishReason::Error,
         End::ClientGone => FinishReason::Disconnected,
+        End::Shutdown => FinishReason::Shutdown,
         _ if seen.status == 0 => FinishReason::Error,
         End::UpstreamFailed => FinishReason::Error,
         End::Complete => seen.report.finish.unwrap_or(FinishReason::Stop),
@@ -366,6 +369,12 @@ mod tests {
         assert_eq!(
             job(meta(Endpoint::Generation), &gone).finish_reason,
             FinishReason::Disconnected
+        );
+        gone.status = 200;
+        gone.end = End::Shutdown;
+        assert_eq!(
+            job(meta(Endpoint::Generation), &gone).finish_reason,
+            FinishReason::Shutdown
         );
     }
 

@@ -32,6 +32,7 @@ use axum::middleware;
 use axum::routing::post;
 use axum::Router;
 use tokio::sync::mpsc::{self, UnboundedSender};
+use tokio_util::sync::CancellationToken;
 
 use super::backend::Backend;
 use super::error::ApiError;
@@ -64,6 +65,8 @@ pub struct Proxy {
     max_body_bytes: usize,
     /// `created` of the upstream models in `/v1/models`.
     started_unix: u64,
+    /// Ends forwarded streams when the server shuts down.
+    shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -87,6 +90,8 @@ pub struct ProxySettings {
     /// key and must not travel on.
     pub forward_authorization: bool,
     pub max_body_bytes: usize,
+    /// The server's shutdown: open forwarded streams end with it.
+    pub shutdown: CancellationToken,
 }
 
 impl Proxy {
@@ -124,6 +129,7 @@ impl Proxy {
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            shutdown: settings.shutdown,
         });
         tokio::spawn(refresh_periodically(Arc::downgrade(&proxy)));
         Ok(proxy)

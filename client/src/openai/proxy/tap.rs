@@ -9,8 +9,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Future, Stream};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::counter::PieceCounter;
 use super::measure::{self, BodyKind, End, Endpoint, JobMeta, Observed};
@@ -171,17 +172,20 @@ impl Drop for Tap {
     }
 }
 
-/// A response body stream with the tap on it.
+/// A response body stream with the tap on it. It ends early when the server shuts
+/// down, as sparkd's own streams do.
 pub struct TappedBody<S> {
     inner: Pin<Box<S>>,
     tap: Tap,
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl<S> TappedBody<S> {
-    pub fn new(inner: S, tap: Tap) -> Self {
+    pub fn new(inner: S, tap: Tap, shutdown: CancellationToken) -> Self {
         Self {
             inner: Box::pin(inner),
             tap,
+            shutdown: Box::pin(shutdown.cancelled_owned()),
         }
     }
 }
@@ -194,6 +198,10 @@ where
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        if this.shutdown.as_mut().poll(cx).is_ready() {
+            this.tap.finish(End::Shutdown);
+            return Poll::Ready(None);
+        }
         let polled = this.inner.as_mut().poll_next(cx);
         match &polled {
             Poll::Ready(Some(Ok(chunk))) => this.tap.observe(chunk),

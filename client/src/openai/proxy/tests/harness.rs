@@ -291,7 +291,8 @@ impl Backend for SharedDaemon {
 pub struct Shim {
     pub base: String,
     pub daemon: Arc<FakeDaemon>,
-    _shutdown: tokio_util::sync::DropGuard,
+    pub shutdown: CancellationToken,
+    _stop_on_drop: tokio_util::sync::DropGuard,
 }
 
 impl Shim {
@@ -299,13 +300,14 @@ impl Shim {
         let daemon = Arc::new(FakeDaemon::default());
         let backend: Arc<dyn Backend> = Arc::new(SharedDaemon(daemon.clone()));
         let spec: UpstreamSpec = format!("llama={upstream_url}").parse().unwrap();
+        let shutdown = CancellationToken::new();
         let settings = ProxySettings {
             forward_authorization: api_key.is_none(),
             max_body_bytes: 1 << 20,
+            shutdown: shutdown.clone(),
         };
         let proxy = Proxy::start(vec![spec], backend.clone(), settings).unwrap();
         proxy.refresh().await;
-        let shutdown = CancellationToken::new();
         let options = RouterOptions {
             api_key: api_key.map(str::to_string),
             max_body_bytes: 1 << 20,
@@ -319,7 +321,8 @@ impl Shim {
         Self {
             base,
             daemon,
-            _shutdown: shutdown.drop_guard(),
+            shutdown: shutdown.clone(),
+            _stop_on_drop: shutdown.drop_guard(),
         }
     }
 

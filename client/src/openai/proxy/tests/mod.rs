@@ -240,6 +240,34 @@ async fn a_client_leaving_mid_stream_is_recorded_as_disconnected() {
 }
 
 #[tokio::test]
+async fn shutdown_ends_forwarded_streams() {
+    let upstream = FakeUpstream::start().await;
+    upstream.state.chunk_delay_ms.store(200, Ordering::SeqCst);
+    let shim = Shim::start(&upstream.url, None).await;
+    let response = http()
+        .post(shim.url("/v1/chat/completions"))
+        .body(chat_body(UPSTREAM_MODEL, true))
+        .send()
+        .await
+        .unwrap();
+    let mut body = response.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    shim.shutdown.cancel();
+    let rest = tokio::time::timeout(Duration::from_secs(2), async {
+        let mut n = 0;
+        while let Some(Ok(chunk)) = body.next().await {
+            n += chunk.len();
+        }
+        n
+    })
+    .await
+    .expect("the stream ends at shutdown, not with the engine");
+    assert!(rest < LLAMA_STREAM_USAGE.len());
+    let job = shim.daemon.wait_recorded(1).await.remove(0);
+    assert_eq!(job.finish_reason, FinishReason::Shutdown);
+}
+
+#[tokio::test]
 async fn the_api_key_guards_forwarded_routes_and_stays_here() {
     let upstream = FakeUpstream::start().await;
     let shim = Shim::start(&upstream.url, Some("k3y")).await;
