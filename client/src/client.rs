@@ -25,8 +25,9 @@ use crate::{
     error::ClientError,
     generation::{Generation, GenerationEvent},
     protocol::{
-        ClientMessage, ErrorEvent, ErrorKind, GenerateRequest, Hello, JobRecord, ModelInfo,
-        ServerMessage, StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+        ClientMessage, ErrorEvent, ErrorKind, ExternalJob, GenerateRequest, Hello, JobRecord,
+        ModelInfo, ServerMessage, StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR,
+        PROTOCOL_MINOR,
     },
 };
 
@@ -218,6 +219,29 @@ impl Client {
         }
     }
 
+    /// Books a job another engine served in the daemon's jobs list and returns the
+    /// record as the list shows it. Needs a daemon speaking protocol 1.1 or later.
+    pub async fn record_job(&self, job: ExternalJob) -> Result<JobRecord, ClientError> {
+        let welcome = &self.shared.welcome;
+        // An older daemon cannot decode the message and would close the connection.
+        if welcome.minor < 1 {
+            return Err(ClientError::VersionMismatch {
+                client: (PROTOCOL_MAJOR, PROTOCOL_MINOR),
+                daemon: format!(
+                    "protocol {}.{} (sparkd {}), which cannot record forwarded jobs (1.1 can)",
+                    welcome.major, welcome.minor, welcome.daemon_version
+                ),
+            });
+        }
+        match self
+            .request(|id| ClientMessage::RecordJob { id, job })
+            .await?
+        {
+            ServerMessage::Recorded { job, .. } => Ok(job),
+            other => Err(unexpected("Recorded", &other)),
+        }
+    }
+
     /// Sends a query under a fresh id and waits for its reply.
     async fn request(
         &self,
@@ -285,6 +309,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Status { .. } => "Status",
         ServerMessage::Jobs { .. } => "Jobs",
         ServerMessage::Models { .. } => "Models",
+        ServerMessage::Recorded { .. } => "Recorded",
     }
 }
 
@@ -429,7 +454,8 @@ impl Routes {
             ServerMessage::Tokens { id, .. }
             | ServerMessage::Status { id, .. }
             | ServerMessage::Jobs { id, .. }
-            | ServerMessage::Models { id, .. } => *id,
+            | ServerMessage::Models { id, .. }
+            | ServerMessage::Recorded { id, .. } => *id,
             // A second Welcome, or a connection error (handled by the caller): no route.
             ServerMessage::Welcome(_) | ServerMessage::Error(ErrorEvent { id: None, .. }) => return,
         };

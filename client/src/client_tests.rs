@@ -13,9 +13,13 @@ use crate::protocol::{DoneEvent, FinishReason, PromptInput, SamplingParams, Toke
 type Daemon = Framed<UnixStream, MessageCodec<ClientMessage, ServerMessage>>;
 
 fn welcome(major: u16) -> ServerMessage {
+    welcome_minor(major, 0)
+}
+
+fn welcome_minor(major: u16, minor: u16) -> ServerMessage {
     ServerMessage::Welcome(Welcome {
         major,
-        minor: 0,
+        minor,
         daemon_version: "test".into(),
         max_frame_bytes: 1024,
     })
@@ -30,6 +34,11 @@ fn options() -> ConnectOptions {
 
 /// A client connected to a scripted daemon that answered `Hello` with `Welcome`.
 async fn connected() -> (Client, Daemon) {
+    connected_minor(0).await
+}
+
+/// As `connected`, with a daemon announcing protocol minor `minor`.
+async fn connected_minor(minor: u16) -> (Client, Daemon) {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let mut daemon = Framed::new(theirs, MessageCodec::new(1 << 20));
     let script = async {
@@ -37,7 +46,10 @@ async fn connected() -> (Client, Daemon) {
             daemon.next().await,
             Some(Ok(ClientMessage::Hello(_)))
         ));
-        daemon.send(welcome(PROTOCOL_MAJOR)).await.unwrap();
+        daemon
+            .send(welcome_minor(PROTOCOL_MAJOR, minor))
+            .await
+            .unwrap();
     };
     let options = options();
     let (client, ()) = tokio::join!(Client::from_stream(ours, &options), script);
@@ -384,4 +396,67 @@ async fn requests_over_the_daemons_frame_limit_are_refused_locally() {
     // Nothing was sent, the id is free and the connection still works.
     let _small = client.generate(request(1)).await.unwrap();
     assert!(matches!(daemon.next().await, Some(Ok(ClientMessage::Generate(r))) if r.id == 1));
+}
+
+fn external_job() -> crate::protocol::ExternalJob {
+    crate::protocol::ExternalJob {
+        engine: "llama".into(),
+        upstream: "http://127.0.0.1:8091".into(),
+        model: "m".into(),
+        request_id: 7,
+        started_unix_ms: 1_000,
+        finished_unix_ms: 2_500,
+        usage: crate::protocol::Usage {
+            prompt_tokens: 33,
+            completion_tokens: 12,
+        },
+        timings: Default::default(),
+        finish_reason: FinishReason::Length,
+        counts: crate::protocol::CountSource::Reported,
+        decode_clock: crate::protocol::DecodeClock::Stream,
+        http_status: 200,
+    }
+}
+
+#[tokio::test]
+async fn record_job_sends_the_job_and_returns_the_daemons_record() {
+    let (client, mut daemon) = connected_minor(1).await;
+    let recorded = tokio::spawn(async move { client.record_job(external_job()).await });
+    let (id, job) = match daemon.next().await {
+        Some(Ok(ClientMessage::RecordJob { id, job })) => (id, job),
+        other => panic!("expected RecordJob, got {other:?}"),
+    };
+    assert_eq!(job, external_job());
+    let record = job.to_record(41, Some(5), Some(6));
+    daemon
+        .send(ServerMessage::Recorded {
+            id,
+            job: record.clone(),
+        })
+        .await
+        .unwrap();
+    let got = recorded.await.unwrap().expect("recorded");
+    assert_eq!(got, record);
+    assert_eq!(
+        (got.job, got.engine.as_str(), got.estimated),
+        (41, "llama", false)
+    );
+}
+
+#[tokio::test]
+async fn record_job_is_refused_locally_by_a_1_0_daemon() {
+    let (client, mut daemon) = connected().await;
+    let err = client
+        .record_job(external_job())
+        .await
+        .expect_err("1.0 daemon");
+    assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
+    // Nothing was sent: the connection is still usable.
+    let status = tokio::spawn(async move { client.jobs(1).await });
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::Jobs { limit: 1, .. }))
+    ));
+    drop(daemon);
+    assert!(status.await.unwrap().is_err());
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 0;
+pub const PROTOCOL_MINOR: u16 = 1;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -44,6 +44,13 @@ pub enum ClientMessage {
     },
     Models {
         id: u64,
+    },
+    /// Books a job that another engine served (measured by a proxy such as
+    /// `spark serve-openai --upstream`) in the daemon's jobs list. Since 1.1; the daemon
+    /// answers `Recorded`.
+    RecordJob {
+        id: u64,
+        job: ExternalJob,
     },
 }
 
@@ -82,6 +89,11 @@ pub enum ServerMessage {
     Models {
         id: u64,
         models: Vec<ModelInfo>,
+    },
+    /// The answer to `RecordJob`: the job as the jobs list now shows it. Since 1.1.
+    Recorded {
+        id: u64,
+        job: JobRecord,
     },
 }
 
@@ -349,4 +361,84 @@ pub struct JobRecord {
     pub finish_reason: FinishReason,
     /// True when counts were estimated rather than reported by the engine.
     pub estimated: bool,
+}
+
+/// A job another engine served, as the proxy in front of it measured it: counts and
+/// timings, never text. Sent with `ClientMessage::RecordJob` (protocol 1.1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExternalJob {
+    /// The upstream's name (`--upstream NAME=URL`); the record's `engine`.
+    pub engine: String,
+    /// The upstream's base URL. Not part of `JobRecord`.
+    pub upstream: String,
+    pub model: String,
+    /// The proxy's own number for the request; the record's `request_id`.
+    pub request_id: u64,
+    /// Milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    pub finished_unix_ms: u64,
+    pub usage: Usage,
+    /// As far as the proxy could measure them; see `decode_clock` and `PROTOCOL.md`.
+    pub timings: Timings,
+    /// `Error` when the upstream answered an HTTP error or its body broke off.
+    pub finish_reason: FinishReason,
+    /// Where `usage` came from.
+    pub counts: CountSource,
+    /// What `timings.decode_ms` (and so `decode_tps`) measures.
+    pub decode_clock: DecodeClock,
+    /// The upstream's HTTP status; 0 when it never answered.
+    pub http_status: u16,
+}
+
+/// Where a forwarded job's token counts came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CountSource {
+    /// The engine's own report (an OpenAI `usage` object, Ollama's `eval_count`...).
+    Reported,
+    /// Counted from the streamed chunks: the engine sent no report.
+    Estimated,
+    /// Not counted (a compressed or failed body): the counts are 0.
+    Unknown,
+}
+
+/// What a forwarded job's `decode_ms` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DecodeClock {
+    /// Nothing: no decode time (an embedding, an error, no tokens).
+    None,
+    /// The engine's own figure (Ollama's `eval_duration`); `decode_tps` is the
+    /// engine's tokens over it.
+    Engine,
+    /// The proxy's clock from the first to the last body byte of a stream;
+    /// `decode_tps` is `(completion_tokens - 1) / decode_ms`.
+    Stream,
+    /// The whole request as the proxy saw it (a non-streaming reply), prefill included:
+    /// `decode_tps` = `completion_tokens / decode_ms` is a lower bound.
+    Request,
+}
+
+impl ExternalJob {
+    /// The job as a jobs list shows it, numbered `job` and attributed to the client
+    /// that reported it.
+    pub fn to_record(
+        &self,
+        job: u64,
+        client_pid: Option<u32>,
+        client_uid: Option<u32>,
+    ) -> JobRecord {
+        JobRecord {
+            job,
+            request_id: self.request_id,
+            client_pid,
+            client_uid,
+            model: self.model.clone(),
+            engine: self.engine.clone(),
+            started_unix_ms: self.started_unix_ms,
+            finished_unix_ms: self.finished_unix_ms,
+            usage: self.usage,
+            timings: self.timings,
+            finish_reason: self.finish_reason,
+            estimated: self.counts != CountSource::Reported,
+        }
+    }
 }

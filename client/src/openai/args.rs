@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::{OpenAiConfig, API_KEY_ENV, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES};
+use super::{OpenAiConfig, UpstreamSpec, API_KEY_ENV, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES};
 
 /// Flags of `spark serve-openai`. No `Debug`: it holds the API key.
 #[derive(Clone, clap::Args)]
@@ -17,6 +17,10 @@ pub struct ServeOpenAiArgs {
     /// Largest accepted request body, in bytes (larger ones get 413).
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Forward requests for this engine's models to it (repeatable; http only), e.g.
+    /// `ollama=http://127.0.0.1:11434`. Its models are read from URL/v1/models.
+    #[arg(long = "upstream", value_name = "NAME=URL")]
+    pub upstreams: Vec<UpstreamSpec>,
 }
 
 impl ServeOpenAiArgs {
@@ -28,6 +32,7 @@ impl ServeOpenAiArgs {
             socket_path,
             api_key: self.api_key.filter(|k| !k.is_empty()),
             max_body_bytes: self.max_body_bytes,
+            upstreams: self.upstreams,
         }
     }
 }
@@ -63,6 +68,31 @@ mod tests {
         assert_eq!(config.api_key.as_deref(), Some("k"));
         assert_eq!(config.max_body_bytes, 10);
         assert_eq!(config.socket_path, PathBuf::from("/run/x.sock"));
+        assert!(config.upstreams.is_empty());
+    }
+
+    #[test]
+    fn upstreams_repeat_and_bad_ones_are_refused() {
+        let config = parse(&[
+            "--upstream",
+            "ollama=http://127.0.0.1:11434",
+            "--upstream",
+            "llama=http://127.0.0.1:8091/v1",
+        ]);
+        let upstreams: Vec<(&str, &str)> = config
+            .upstreams
+            .iter()
+            .map(|u| (u.name.as_str(), u.url.as_str()))
+            .collect();
+        assert_eq!(
+            upstreams,
+            [
+                ("ollama", "http://127.0.0.1:11434"),
+                ("llama", "http://127.0.0.1:8091")
+            ]
+        );
+        let refused = Cli::try_parse_from(["spark", "--upstream", "x=https://h:1"]);
+        assert!(refused.is_err());
     }
 
     #[test]

@@ -4,7 +4,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use crate::protocol::{
-    DoneEvent, ErrorKind, GenerateRequest, JobRecord, ModelInfo, StatusReport, TokenEvent,
+    DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo, StatusReport,
+    TokenEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -51,4 +52,13 @@ pub trait Backend: Send + Sync + 'static {
     fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>>;
     /// The most recent finished jobs, newest first, at most `limit`.
     fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>>;
+    /// Books a job an upstream engine served in the daemon's jobs list (see `proxy`).
+    fn record_job(&self, job: ExternalJob) -> BoxFuture<'_, Result<JobRecord, BackendError>> {
+        drop(job);
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "this backend keeps no jobs list".into(),
+            ))
+        })
+    }
 }

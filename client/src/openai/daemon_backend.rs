@@ -9,7 +9,7 @@ use futures::stream::StreamExt;
 use tokio::sync::Mutex;
 
 use super::backend::{Backend, BackendError, BackendEvent, EventStream};
-use crate::protocol::{GenerateRequest, JobRecord, ModelInfo, StatusReport};
+use crate::protocol::{ExternalJob, GenerateRequest, JobRecord, ModelInfo, StatusReport};
 use crate::{Client, ClientError, GenerationEvent};
 
 /// Talks to the daemon on `socket_path`. All HTTP requests share one multiplexed
@@ -134,5 +134,12 @@ impl Backend for DaemonBackend {
 
     fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {
         Box::pin(self.with_client(move |client| async move { client.jobs(limit).await }))
+    }
+
+    fn record_job(&self, job: ExternalJob) -> BoxFuture<'_, Result<JobRecord, BackendError>> {
+        Box::pin(self.with_client(move |client| {
+            let job = job.clone();
+            async move { client.record_job(job).await }
+        }))
     }
 }

@@ -11,6 +11,7 @@ mod daemon_backend;
 mod error;
 mod generation;
 mod metrics;
+mod proxy;
 mod request;
 mod response;
 mod routes;
@@ -20,6 +21,7 @@ mod web;
 pub use args::ServeOpenAiArgs;
 pub use backend::{Backend, BackendError, BackendEvent, EventStream};
 pub use daemon_backend::DaemonBackend;
+pub use proxy::{Proxy, ProxyError, ProxySettings, SpecError, UpstreamSpec};
 pub use server::{bind, router, serve, RouterOptions, ServeError, DEFAULT_MAX_BODY_BYTES};
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -45,6 +47,8 @@ pub struct OpenAiConfig {
     pub api_key: Option<String>,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
+    /// Engines whose models are forwarded to them (`--upstream NAME=URL`).
+    pub upstreams: Vec<UpstreamSpec>,
 }
 
 impl OpenAiConfig {
@@ -55,6 +59,7 @@ impl OpenAiConfig {
             socket_path,
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            upstreams: Vec::new(),
         }
     }
 }
@@ -67,6 +72,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("socket_path", &self.socket_path)
             .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("upstreams", &self.upstreams)
             .finish()
     }
 }
@@ -80,10 +86,24 @@ pub async fn serve_openai(
     let listener = bind(config.listen, config.api_key.as_deref()).await?;
     let local = listener.local_addr().map_err(ServeError::Serve)?;
     tracing::info!(listen = %local, socket = %config.socket_path.display(), "serving the OpenAI API");
-    let backend = Arc::new(DaemonBackend::new(config.socket_path));
+    let backend: Arc<dyn Backend> = Arc::new(DaemonBackend::new(config.socket_path));
+    let proxy = if config.upstreams.is_empty() {
+        None
+    } else {
+        let settings = ProxySettings {
+            forward_authorization: config.api_key.is_none(),
+            max_body_bytes: config.max_body_bytes,
+            shutdown: shutdown.clone(),
+        };
+        let proxy = Proxy::start(config.upstreams, backend.clone(), settings)?;
+        // Know the upstreams' models before the first request (a miss would re-read).
+        proxy.refresh().await;
+        Some(proxy)
+    };
     let options = RouterOptions {
         api_key: config.api_key,
         max_body_bytes: config.max_body_bytes,
+        proxy,
     };
     let app = router(backend, options, shutdown.clone());
     serve(listener, app, shutdown).await

@@ -20,6 +20,7 @@ use super::auth::{require_api_key, ApiKey};
 use super::backend::Backend;
 use super::error::{ApiError, ErrorMetric};
 use super::metrics::Metrics;
+use super::proxy::{self, Proxy};
 use super::routes::{self, AppState};
 
 /// Request bodies larger than this are refused with 413 (prompts are text; 4 MiB is a lot).
@@ -30,6 +31,8 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 pub struct RouterOptions {
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// Forwards requests for upstream engines' models (`--upstream`).
+    pub proxy: Option<Arc<Proxy>>,
 }
 
 impl Default for RouterOptions {
@@ -37,6 +40,7 @@ impl Default for RouterOptions {
         Self {
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            proxy: None,
         }
     }
 }
@@ -50,6 +54,8 @@ pub enum ServeError {
     },
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Proxy(#[from] super::proxy::ProxyError),
 }
 
 /// The whole HTTP API over `backend`. `shutdown` also ends open SSE streams.
@@ -69,14 +75,18 @@ pub fn router(
     };
     let key = ApiKey(options.api_key.map(Arc::from));
 
-    let v1 = Router::new()
+    let mut v1 = Router::new()
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{id}", get(routes::model))
         .route("/v1/jobs", get(routes::jobs))
-        .route("/v1/status", get(routes::status))
-        .route_layer(middleware::from_fn_with_state(key, require_api_key));
+        .route("/v1/status", get(routes::status));
+    // Inside the key check: forwarded requests need the key too.
+    if let Some(proxy) = options.proxy {
+        v1 = proxy::mount(v1, proxy);
+    }
+    let v1 = v1.route_layer(middleware::from_fn_with_state(key, require_api_key));
 
     Router::new()
         .merge(v1)

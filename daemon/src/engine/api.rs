@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use spark_client::protocol::{
-    ErrorEvent, FinishReason, GenerateRequest, JobRecord, ModelInfo, ServerMessage, StatusReport,
-    TokenPiece,
+    ErrorEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo, ServerMessage,
+    StatusReport, TokenPiece,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -49,4 +49,10 @@ pub trait Engine: Send + Sync + 'static {
     /// Most recent first, at most `limit`.
     fn jobs(&self, limit: usize) -> Vec<JobRecord>;
     fn models(&self) -> Vec<ModelInfo>;
+    /// Books a job another engine served (reported by a proxy) in the jobs list and
+    /// returns it as listed. The default keeps nothing and numbers it 0, for engines
+    /// without a jobs list.
+    fn record_external(&self, job: ExternalJob, client: ClientInfo) -> JobRecord {
+        job.to_record(0, client.pid, client.uid)
+    }
 }

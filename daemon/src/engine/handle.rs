@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use spark_client::protocol::{
-    ErrorEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo, PromptInput,
-    StatusReport, TokenPiece,
+    ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo,
+    PromptInput, StatusReport, TokenPiece,
 };
 
 use crate::model::{Model, Workspace, BLOCK_TOKENS};
@@ -20,7 +20,7 @@ use crate::text::{
     sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
 };
 
-use super::api::{ConnId, Engine, Submission};
+use super::api::{ClientInfo, ConnId, Engine, Submission};
 use super::core::{Command, EngineCore, EngineLimits, EngineParts};
 use super::jobs::{unix_ms, Shared};
 use super::sequence::{SeqTimings, Sequence};
@@ -480,6 +480,32 @@ impl Engine for EngineHandle {
     fn models(&self) -> Vec<ModelInfo> {
         vec![self.model_info()]
     }
+
+    fn record_external(&self, mut job: ExternalJob, client: ClientInfo) -> JobRecord {
+        // The ring keeps up to `keep_jobs` records: a client must not make it hold
+        // megabytes of names.
+        for name in [&mut job.engine, &mut job.model] {
+            truncate_name(name);
+        }
+        let number = self.next_job.fetch_add(1, Ordering::Relaxed);
+        let record = job.to_record(number, client.pid, client.uid);
+        self.shared.record_external(record.clone());
+        record
+    }
+}
+
+/// Longest engine or model name a forwarded job keeps, in bytes.
+const MAX_EXTERNAL_NAME: usize = 256;
+
+/// Cuts `name` to `MAX_EXTERNAL_NAME` bytes at a character boundary.
+fn truncate_name(name: &mut String) {
+    if name.len() > MAX_EXTERNAL_NAME {
+        let cut = (0..=MAX_EXTERNAL_NAME)
+            .rev()
+            .find(|&i| name.is_char_boundary(i))
+            .unwrap_or(0);
+        name.truncate(cut);
+    }
 }
 
 /// E.g. `AMD EPYC · 2 threads · avx2 kernels`.
@@ -509,4 +535,21 @@ pub fn resident_bytes() -> u64 {
         ProcessRefreshKind::nothing().with_memory(),
     );
     sys.process(pid).map_or(0, |p| p.memory())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{truncate_name, MAX_EXTERNAL_NAME};
+
+    #[test]
+    fn external_names_are_cut_at_a_character_boundary() {
+        let mut short = "llama3.2:latest".to_string();
+        truncate_name(&mut short);
+        assert_eq!(short, "llama3.2:latest");
+        // 'é' is two bytes: the limit falls inside one.
+        let mut long = format!("a{}", "é".repeat(MAX_EXTERNAL_NAME));
+        truncate_name(&mut long);
+        assert!(long.len() <= MAX_EXTERNAL_NAME && long.len() >= MAX_EXTERNAL_NAME - 1);
+        assert!(long.starts_with("aé"));
+    }
 }

@@ -96,6 +96,16 @@ impl Shared {
             finish_reason: done.finish_reason,
             estimated: false,
         };
+        self.push_job(record);
+    }
+
+    /// Books a job another engine served. It counts in the jobs list only: the load
+    /// totals are this daemon's own work.
+    pub(crate) fn record_external(&self, record: JobRecord) {
+        self.push_job(record);
+    }
+
+    fn push_job(&self, record: JobRecord) {
         let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         if jobs.len() >= self.keep_jobs.max(1) {
             jobs.pop_front();
@@ -129,5 +139,55 @@ impl Shared {
     pub fn recent_jobs(&self, limit: usize) -> Vec<JobRecord> {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         jobs.iter().rev().take(limit).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spark_client::protocol::{FinishReason, JobRecord, Timings, Usage};
+
+    use super::Shared;
+
+    fn record(job: u64, engine: &str) -> JobRecord {
+        JobRecord {
+            job,
+            request_id: job,
+            client_pid: None,
+            client_uid: None,
+            model: "m".into(),
+            engine: engine.into(),
+            started_unix_ms: job,
+            finished_unix_ms: job,
+            usage: Usage {
+                prompt_tokens: 5,
+                completion_tokens: 7,
+            },
+            timings: Timings::default(),
+            finish_reason: FinishReason::Stop,
+            estimated: false,
+        }
+    }
+
+    #[test]
+    fn external_jobs_join_the_ring_but_not_the_daemons_totals() {
+        let shared = Shared::new("m".into(), 2);
+        for n in 1..=3 {
+            shared.record_external(record(n, "ollama"));
+        }
+        let jobs: Vec<u64> = shared.recent_jobs(10).iter().map(|j| j.job).collect();
+        assert_eq!(
+            jobs,
+            [3, 2],
+            "newest first, the oldest dropped past keep_jobs"
+        );
+        let load = shared.load();
+        assert_eq!(
+            (
+                load.requests_served,
+                load.tokens_generated,
+                load.prompt_tokens
+            ),
+            (0, 0, 0)
+        );
     }
 }

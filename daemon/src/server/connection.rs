@@ -273,6 +273,12 @@ impl Connection {
                     models: self.engine.models(),
                 });
             }
+            ClientMessage::RecordJob { id, job } => {
+                self.reply(ServerMessage::Recorded {
+                    id,
+                    job: self.engine.record_external(job, self.client),
+                });
+            }
         }
         Ok(())
     }

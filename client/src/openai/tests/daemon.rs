@@ -114,6 +114,7 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                     ClientMessage::Models { id } => Some(ServerMessage::Models { id, models: vec![model_info()] }),
                     ClientMessage::Jobs { id, .. } => Some(ServerMessage::Jobs { id, jobs: Vec::new() }),
                     ClientMessage::Tokenize { id, .. } => Some(ServerMessage::Tokens { id, tokens: Vec::new() }),
+                    ClientMessage::RecordJob { id, job } => Some(ServerMessage::Recorded { id, job: job.to_record(77, None, None) }),
                 };
                 if let Some(reply) = reply {
                     if framed.send(reply).await.is_err() { return; }
@@ -314,6 +315,36 @@ async fn daemon_down_then_up_then_restarted() {
     let (status, text) = post_chat(&base, &chat("hi", false)).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(health(&base).await, 200);
+    daemon.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn forwarded_jobs_are_recorded_through_the_real_client() {
+    use crate::openai::Backend;
+    use crate::protocol::{CountSource, DecodeClock, ExternalJob, Timings};
+    let path = socket_path("record");
+    let daemon = FakeDaemon::start(&path, Arc::default());
+    let backend = DaemonBackend::new(path.clone());
+    let job = ExternalJob {
+        engine: "llama".into(),
+        upstream: "http://127.0.0.1:8091".into(),
+        model: "m".into(),
+        request_id: 4,
+        started_unix_ms: 1,
+        finished_unix_ms: 2,
+        usage: Usage {
+            prompt_tokens: 3,
+            completion_tokens: 4,
+        },
+        timings: Timings::default(),
+        finish_reason: FinishReason::Stop,
+        counts: CountSource::Reported,
+        decode_clock: DecodeClock::Stream,
+        http_status: 200,
+    };
+    let record = backend.record_job(job.clone()).await.expect("recorded");
+    assert_eq!(record, job.to_record(77, None, None));
     daemon.stop().await;
     let _ = std::fs::remove_file(&path);
 }

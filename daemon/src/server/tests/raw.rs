@@ -477,3 +477,48 @@ async fn a_frame_split_inside_its_payload_is_not_mistaken_for_a_header() {
     let (tokens, _) = read_generation(&mut raw, 1).await;
     assert_eq!(tokens.len(), 2);
 }
+
+#[tokio::test]
+async fn record_job_is_answered_with_the_record_and_the_peers_credentials() {
+    use spark_client::protocol::{CountSource, DecodeClock, ExternalJob, Timings, Usage};
+    let server = TestServer::start(FakeEngine::new(Duration::from_millis(1))).await;
+    let mut raw = server.raw_welcomed().await;
+    let job = ExternalJob {
+        engine: "ollama".into(),
+        upstream: "http://127.0.0.1:11434".into(),
+        model: "llama3.2".into(),
+        request_id: 9,
+        started_unix_ms: 10,
+        finished_unix_ms: 20,
+        usage: Usage {
+            prompt_tokens: 26,
+            completion_tokens: 9,
+        },
+        timings: Timings::default(),
+        finish_reason: FinishReason::Stop,
+        counts: CountSource::Estimated,
+        decode_clock: DecodeClock::Stream,
+        http_status: 200,
+    };
+    raw.send(&ClientMessage::RecordJob {
+        id: 21,
+        job: job.clone(),
+    })
+    .await;
+    match raw.recv().await {
+        Some(ServerMessage::Recorded {
+            id: 21,
+            job: record,
+        }) => {
+            assert_eq!(
+                (record.engine.as_str(), record.model.as_str()),
+                ("ollama", "llama3.2")
+            );
+            assert_eq!((record.request_id, record.usage), (9, job.usage));
+            assert!(record.estimated, "estimated counts must say so");
+            // The job is attributed to the connection that reported it.
+            assert_eq!(record.client_pid, Some(std::process::id()));
+        }
+        other => panic!("expected Recorded, got {other:?}"),
+    }
+}
