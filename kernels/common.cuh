@@ -13,6 +13,8 @@
 //   them are widened to 64 bits before multiplying.
 // - The constants below are mirrored by the Rust crate (`sparkd_kernels::consts`), and a
 //   test checks the two agree.
+// - With SPARKD_HOST_EMULATION defined (kernels/emu/cuda_emu.h), the inline-PTX helpers
+//   are replaced by host twins so the same sources run on the CPU in tests.
 #pragma once
 
 typedef unsigned char u8;
@@ -44,6 +46,26 @@ typedef long long i64;
 // ---------------------------------------------------------------------------------------
 // Number formats
 
+#ifdef SPARKD_HOST_EMULATION
+// Host twins for kernels/emu (tests without a GPU): same rounding (to nearest even).
+static inline float f16_to_f32(u16 h) {
+    _Float16 x;
+    __builtin_memcpy(&x, &h, 2);
+    return (float)x;
+}
+static inline u16 f32_to_f16(float f) {
+    const _Float16 x = (_Float16)f;
+    u16 h;
+    __builtin_memcpy(&h, &x, 2);
+    return h;
+}
+static inline float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+static inline u16 f32_to_bf16(float f) {
+    const u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // quiet NaN
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+#else
 static __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -65,6 +87,7 @@ static __device__ __forceinline__ u16 f32_to_bf16(float f) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 
 // A quiet NaN, written where a host-side bug (an out-of-range token) would otherwise
 // make a kernel read out of bounds: it shows up in any parity check instead of hiding.
@@ -111,6 +134,10 @@ static __device__ float block_sum(float v, float* scratch) {
 // ---------------------------------------------------------------------------------------
 // Inline PTX for the tensor-core GEMM (sm_80+: cp.async, ldmatrix, mma.sync)
 
+#ifdef SPARKD_HOST_EMULATION
+// kernels/emu/cuda_emu.h provides cp_async16, cp_async_commit, cp_async_wait,
+// ldmatrix_x4 and mma_16816 with the PTX semantics.
+#else
 // The shared-memory address of a generic pointer to shared memory.
 static __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
@@ -161,3 +188,4 @@ static __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 }
+#endif  // SPARKD_HOST_EMULATION

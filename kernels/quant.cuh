@@ -10,7 +10,8 @@
 // formats the 4 (legacy) or 32 (K-quants) groups of a block cover exactly that block.
 //
 // Arithmetic follows daemon/src/quant/dequant.rs (itself ggml's) operation for operation,
-// so dequantized values are bit-identical to the CPU reference.
+// so dequantized values are bit-identical to the CPU reference: a product followed by a
+// sum goes through the _rn intrinsics, which the compiler may not fuse into one FMA.
 #pragma once
 #include "common.cuh"
 
@@ -58,6 +59,14 @@ template <> struct WTraits<W_Q8_0> { static constexpr int ELEMS = 32, BYTES = 34
 template <> struct WTraits<W_Q4_K> { static constexpr int ELEMS = 256, BYTES = 144; };
 template <> struct WTraits<W_Q5_K> { static constexpr int ELEMS = 256, BYTES = 176; };
 template <> struct WTraits<W_Q6_K> { static constexpr int ELEMS = 256, BYTES = 210; };
+
+// a * b + c and a * b - c with two roundings, as the CPU computes them.
+static __device__ __forceinline__ float mul_add_rn(float a, float b, float c) {
+    return __fadd_rn(__fmul_rn(a, b), c);
+}
+static __device__ __forceinline__ float mul_sub_rn(float a, float b, float c) {
+    return __fsub_rn(__fmul_rn(a, b), c);
+}
 
 template <int T>
 static __device__ __forceinline__ u64 row_bytes(int cols) {
@@ -148,8 +157,8 @@ __device__ __forceinline__ void dq8<W_Q4_1>(const u8* row, int g, float (&w)[8],
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int x = (v >> (8 * i)) & 0xFF;
-        w[i] = (float)(x & 0xF) * d + m;
-        w[4 + i] = (float)(x >> 4) * d + m;
+        w[i] = mul_add_rn((float)(x & 0xF), d, m);
+        w[4 + i] = mul_add_rn((float)(x >> 4), d, m);
     }
     e0 = (g >> 2) * 32 + 4 * q;
     e1 = e0 + 16;
@@ -189,8 +198,8 @@ __device__ __forceinline__ void dq8<W_Q5_1>(const u8* row, int g, float (&w)[8],
         const int x = (v >> (8 * i)) & 0xFF;
         const int h0 = ((qh >> j) & 1) << 4;
         const int h1 = ((qh >> (j + 16)) & 1) << 4;
-        w[i] = (float)((x & 0xF) | h0) * d + m;
-        w[4 + i] = (float)((x >> 4) | h1) * d + m;
+        w[i] = mul_add_rn((float)((x & 0xF) | h0), d, m);
+        w[4 + i] = mul_add_rn((float)((x >> 4) | h1), d, m);
     }
     e0 = (g >> 2) * 32 + 4 * q;
     e1 = e0 + 16;
@@ -231,8 +240,8 @@ __device__ __forceinline__ void dq8<W_Q4_K>(const u8* row, int g, float (&w)[8],
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int x = (v >> (8 * i)) & 0xFF;
-        w[i] = d1 * (float)(x & 0xF) - mm1;
-        w[4 + i] = d2 * (float)(x >> 4) - mm2;
+        w[i] = mul_sub_rn(d1, (float)(x & 0xF), mm1);
+        w[4 + i] = mul_sub_rn(d2, (float)(x >> 4), mm2);
     }
     e0 = (g >> 5) * 256 + 64 * c + l0;
     e1 = e0 + 32;
@@ -258,8 +267,8 @@ __device__ __forceinline__ void dq8<W_Q5_K>(const u8* row, int g, float (&w)[8],
         const int hb = (h >> (8 * i)) & 0xFF;
         const int h1 = (hb >> (2 * c)) & 1 ? 16 : 0;
         const int h2 = (hb >> (2 * c + 1)) & 1 ? 16 : 0;
-        w[i] = d1 * (float)((x & 0xF) + h1) - mm1;
-        w[4 + i] = d2 * (float)((x >> 4) + h2) - mm2;
+        w[i] = mul_sub_rn(d1, (float)((x & 0xF) + h1), mm1);
+        w[4 + i] = mul_sub_rn(d2, (float)((x >> 4) + h2), mm2);
     }
     e0 = (g >> 5) * 256 + 64 * c + l0;
     e1 = e0 + 32;

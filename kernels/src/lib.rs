@@ -9,6 +9,7 @@ mod arch;
 mod cache;
 mod compile;
 pub mod consts;
+pub mod emu;
 mod error;
 pub mod names;
 mod nvrtc;
