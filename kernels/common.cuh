@@ -1,0 +1,191 @@
+// common.cuh - helpers shared by every sparkd kernel source.
+//
+// The sources include no CUDA header at all: f16/bf16 conversions are inline PTX and
+// everything else is an NVRTC built-in, so NVRTC compiles them with no include path
+// (a bare driver + libnvrtc is enough on the target machine).
+//
+// Conventions for every kernel in this folder:
+// - Entry points are `extern "C" __global__`; their signature, grid and block shape are
+//   documented at the top of the file that defines them.
+// - Pointers are device pointers; "f32" buffers are row-major float arrays, "u16" buffers
+//   hold IEEE half (f16) or bfloat16 bits, weight buffers hold raw GGUF/ggml blocks.
+// - Sizes are `int` (elements, not bytes) unless named `*_bytes`; offsets computed from
+//   them are widened to 64 bits before multiplying.
+// - The constants below are mirrored by the Rust crate (`sparkd_kernels::consts`), and a
+//   test checks the two agree.
+// - With SPARKD_HOST_EMULATION defined (kernels/emu/cuda_emu.h), the inline-PTX helpers
+//   are replaced by host twins so the same sources run on the CPU in tests.
+#pragma once
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef short i16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// Positions per paged KV block (daemon/src/model/kv.rs BLOCK_TOKENS).
+#define SPARKD_KV_BLOCK_TOKENS 16
+// Largest batch the decode matrix-vector kernels keep in registers.
+#define SPARKD_MMV_MAX_BATCH 16
+// Elements of the activation rows staged in shared memory per step of the mat-vec.
+#define SPARKD_MMV_TILE 512
+// Warps per block and weight rows per warp of the mat-vec kernels.
+#define SPARKD_MMV_WARPS 8
+#define SPARKD_MMV_ROWS_PER_WARP 2
+// Positions one block of the split-K decode attention covers.
+#define SPARKD_ATTN_PARTITION 256
+// Query heads per kv head, and head size, the attention kernels support.
+#define SPARKD_MAX_GQA_GROUP 16
+#define SPARKD_MAX_HEAD_DIM 256
+
+#define SPARKD_FULL_MASK 0xffffffffu
+
+// ---------------------------------------------------------------------------------------
+// Number formats
+
+#ifdef SPARKD_HOST_EMULATION
+// Host twins for kernels/emu (tests without a GPU): same rounding (to nearest even).
+static inline float f16_to_f32(u16 h) {
+    _Float16 x;
+    __builtin_memcpy(&x, &h, 2);
+    return (float)x;
+}
+static inline u16 f32_to_f16(float f) {
+    const _Float16 x = (_Float16)f;
+    u16 h;
+    __builtin_memcpy(&h, &x, 2);
+    return h;
+}
+static inline float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+static inline u16 f32_to_bf16(float f) {
+    const u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // quiet NaN
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+#else
+static __device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+static __device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+static __device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+static __device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+
+// A quiet NaN, written where a host-side bug (an out-of-range token) would otherwise
+// make a kernel read out of bounds: it shows up in any parity check instead of hiding.
+static __device__ __forceinline__ float quiet_nan() {
+    return __int_as_float(0x7fc00000);
+}
+
+// KV cache elements are f32 or f16; attention and the KV writer are templates over both.
+static __device__ __forceinline__ float kv_load(const float* p) { return *p; }
+static __device__ __forceinline__ float kv_load(const u16* p) { return f16_to_f32(*p); }
+static __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+static __device__ __forceinline__ void kv_store(u16* p, float v) { *p = f32_to_f16(v); }
+
+// ---------------------------------------------------------------------------------------
+// Reductions
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(SPARKD_FULL_MASK, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(SPARKD_FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the whole block; every thread gets the result. blockDim.x must be a multiple
+// of 32 (at most 1024) and every thread must call it. `scratch` is 32 floats of shared
+// memory; the leading barrier lets callers reuse it across calls.
+static __device__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int n_warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// ---------------------------------------------------------------------------------------
+// Inline PTX for the tensor-core GEMM (sm_80+: cp.async, ldmatrix, mma.sync)
+
+#ifdef SPARKD_HOST_EMULATION
+// kernels/emu/cuda_emu.h provides cp_async16, cp_async_commit, cp_async_wait,
+// ldmatrix_x4 and mma_16816 with the PTX semantics.
+#else
+// The shared-memory address of a generic pointer to shared memory.
+static __device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Copies 16 bytes global -> shared asynchronously; `src_bytes` < 16 zero-fills the rest
+// (0 writes zeros without reading `src`, which must still be a valid address).
+static __device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :
+                 : "r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most `N` committed groups are still in flight.
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices from shared memory; lane i gives the row address for matrix i/8.
+static __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// d += a * b on a 16x8x16 tile, f32 accumulate; inputs f16 (BF16 = false) or bf16.
+template <bool BF16>
+static __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if constexpr (BF16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+#endif  // SPARKD_HOST_EMULATION

@@ -1,0 +1,172 @@
+// runner.cpp - runs one kernel launch under cuda_emu.h, as described by a job file.
+// Built and driven by src/emu.rs; not part of the GPU build.
+//
+// Job file, one directive per line:
+//   kernel <name>
+//   grid <x> <y> <z>
+//   block <x> <y> <z>
+//   buf <path>      a device buffer loaded from <path>; written back there after the launch
+//   null            a null pointer
+//   i32 <v> | i64 <v> | f32 <bits as u32>   scalars
+// Arguments follow the kernel's parameter order. Exit status 0 on success.
+#include "cuda_emu.h"
+
+#include "../argmax.cu"
+#include "../attn_decode.cu"
+#include "../attn_prefill.cu"
+#include "../dequant.cu"
+#include "../elementwise.cu"
+#include "../embed.cu"
+#include "../gemm.cu"
+#include "../kv.cu"
+#include "../matvec.cu"
+#include "../rmsnorm.cu"
+#include "../rope.cu"
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+namespace {
+
+struct Arg {
+    enum Kind { Buf, Null, I32, I64, F32 } kind;
+    std::string path;
+    std::vector<unsigned char> data;  // over-allocated for alignment
+    size_t size = 0;
+    long long i = 0;
+    float f = 0;
+    unsigned char* ptr() {
+        auto p = reinterpret_cast<uintptr_t>(data.data());
+        return reinterpret_cast<unsigned char*>((p + 255) & ~uintptr_t(255));
+    }
+};
+
+struct Args {
+    std::vector<Arg>& v;
+    size_t next = 0;
+    template <typename P>
+    P get() {
+        if (next >= v.size()) throw std::runtime_error("too few arguments");
+        Arg& a = v[next++];
+        if constexpr (std::is_pointer_v<P>) {
+            if (a.kind == Arg::Null) return nullptr;
+            if (a.kind != Arg::Buf) throw std::runtime_error("expected a buffer");
+            return reinterpret_cast<P>(a.ptr());
+        } else if constexpr (std::is_same_v<P, float>) {
+            if (a.kind != Arg::F32) throw std::runtime_error("expected f32");
+            return a.f;
+        } else if constexpr (std::is_same_v<P, long long>) {
+            if (a.kind != Arg::I64) throw std::runtime_error("expected i64");
+            return a.i;
+        } else {
+            static_assert(std::is_same_v<P, int>, "unsupported parameter type");
+            if (a.kind != Arg::I32) throw std::runtime_error("expected i32");
+            return (int)a.i;
+        }
+    }
+};
+
+using Runner = std::function<void(dim3, dim3, std::vector<Arg>&)>;
+
+template <typename... P>
+Runner wrap(void (*k)(P...)) {
+    return [k](dim3 grid, dim3 block, std::vector<Arg>& v) {
+        Args args{v};
+        // Braced initialisation evaluates left to right: arguments in order.
+        std::tuple<P...> t{args.template get<P>()...};
+        if (args.next != v.size()) throw std::runtime_error("too many arguments");
+        emu::launch(grid, block, [&] { std::apply(k, t); });
+    };
+}
+
+std::map<std::string, Runner> kernels() {
+    std::map<std::string, Runner> m;
+#define REG(name) m[#name] = wrap(name);
+#define REG_W(name, T)     \
+    REG(embed_##name)      \
+    REG(mmv_##name##_b1)   \
+    REG(mmv_##name##_b4)   \
+    REG(mmv_##name##_b8)   \
+    REG(mmv_##name##_b16)  \
+    REG(dequant_##name##_f16) \
+    REG(dequant_##name##_bf16)
+    SPARKD_FOR_EACH_WTYPE(REG_W)
+    REG(gemm_f16) REG(gemm_bf16) REG(convert_f32_f16) REG(convert_f32_bf16)
+    REG(kv_write_f32) REG(kv_write_f16)
+    REG(attn_decode_f32) REG(attn_decode_f16) REG(attn_decode_reduce)
+    REG(attn_prefill_f32) REG(attn_prefill_f16)
+    REG(rmsnorm_f32) REG(rmsnorm_residual_f32) REG(rope_f32)
+    REG(swiglu_f32) REG(add_f32) REG(add_bias_f32) REG(argmax_f32)
+#undef REG_W
+#undef REG
+    return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: runner <job file>\n");
+        return 2;
+    }
+    try {
+        std::ifstream job(argv[1]);
+        std::string line, kernel;
+        dim3 grid, block;
+        std::vector<Arg> args;
+        while (std::getline(job, line)) {
+            std::istringstream in(line);
+            std::string d;
+            if (!(in >> d)) continue;
+            if (d == "kernel") {
+                in >> kernel;
+            } else if (d == "grid") {
+                in >> grid.x >> grid.y >> grid.z;
+            } else if (d == "block") {
+                in >> block.x >> block.y >> block.z;
+            } else if (d == "buf") {
+                Arg a{Arg::Buf};
+                in >> a.path;
+                std::ifstream f(a.path, std::ios::binary);
+                std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(f)), {});
+                a.size = bytes.size();
+                a.data.assign(bytes.size() + 256, 0);
+                std::memcpy(a.ptr(), bytes.data(), bytes.size());
+                args.push_back(std::move(a));
+            } else if (d == "null") {
+                args.push_back(Arg{Arg::Null});
+            } else if (d == "i32" || d == "i64") {
+                Arg a{d == "i32" ? Arg::I32 : Arg::I64};
+                in >> a.i;
+                args.push_back(std::move(a));
+            } else if (d == "f32") {
+                Arg a{Arg::F32};
+                unsigned bits;
+                in >> bits;
+                a.f = __uint_as_float(bits);
+                args.push_back(std::move(a));
+            } else {
+                throw std::runtime_error("unknown directive " + d);
+            }
+        }
+        const auto all = kernels();
+        const auto it = all.find(kernel);
+        if (it == all.end()) throw std::runtime_error("unknown kernel " + kernel);
+        it->second(grid, block, args);
+        for (auto& a : args)
+            if (a.kind == Arg::Buf) {
+                std::ofstream f(a.path, std::ios::binary | std::ios::trunc);
+                f.write(reinterpret_cast<const char*>(a.ptr()), (std::streamsize)a.size);
+            }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "runner: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

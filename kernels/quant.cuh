@@ -1,0 +1,318 @@
+// quant.cuh - ggml weight block layouts and the one dequantization primitive every
+// weight-reading kernel (embedding, mat-vec, dequantize) is built on.
+//
+// A weight row of `cols` elements is `cols / BLOCK_ELEMS` consecutive blocks, exactly as
+// in the GGUF file (daemon/src/quant/types.rs). Kernels walk a row in *groups* of eight
+// weights: `dq8<T>(row, g, w, e0, e1)` decodes group `g` into `w[0..4]` (row elements
+// e0..e0+3) and `w[4..8]` (elements e1..e1+3). Each format picks the eight weights that
+// share bytes, so a group costs a handful of small loads and no wasted bits; the two runs
+// of four keep activation reads vectorised. A row has `cols / 8` groups, and for block
+// formats the 4 (legacy) or 32 (K-quants) groups of a block cover exactly that block.
+//
+// Arithmetic follows daemon/src/quant/dequant.rs (itself ggml's) operation for operation,
+// so dequantized values are bit-identical to the CPU reference: a product followed by a
+// sum goes through the _rn intrinsics, which the compiler may not fuse into one FMA.
+#pragma once
+#include "common.cuh"
+
+// ggml type ids (GGUF tensor infos); the host passes them through unchanged.
+#define W_F32 0
+#define W_F16 1
+#define W_Q4_0 2
+#define W_Q4_1 3
+#define W_Q5_0 6
+#define W_Q5_1 7
+#define W_Q8_0 8
+#define W_Q4_K 12
+#define W_Q5_K 13
+#define W_Q6_K 14
+#define W_BF16 30
+
+struct block_q4_0 { u16 d; u8 qs[16]; };
+struct block_q4_1 { u16 d; u16 m; u8 qs[16]; };
+struct block_q5_0 { u16 d; u8 qh[4]; u8 qs[16]; };
+struct block_q5_1 { u16 d; u16 m; u8 qh[4]; u8 qs[16]; };
+struct block_q8_0 { u16 d; i8 qs[32]; };
+struct block_q4_k { u16 d; u16 dmin; u8 scales[12]; u8 qs[128]; };
+struct block_q5_k { u16 d; u16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; };
+struct block_q6_k { u8 ql[128]; u8 qh[64]; i8 scales[16]; u16 d; };
+
+static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
+static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
+static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
+static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
+static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
+static_assert(sizeof(block_q4_k) == 144, "Q4_K block is 144 bytes");
+static_assert(sizeof(block_q5_k) == 176, "Q5_K block is 176 bytes");
+static_assert(sizeof(block_q6_k) == 210, "Q6_K block is 210 bytes");
+
+// Elements and bytes per block; float formats are "blocks" of one element.
+template <int T> struct WTraits;
+template <> struct WTraits<W_F32> { static constexpr int ELEMS = 1, BYTES = 4; };
+template <> struct WTraits<W_F16> { static constexpr int ELEMS = 1, BYTES = 2; };
+template <> struct WTraits<W_BF16> { static constexpr int ELEMS = 1, BYTES = 2; };
+template <> struct WTraits<W_Q4_0> { static constexpr int ELEMS = 32, BYTES = 18; };
+template <> struct WTraits<W_Q4_1> { static constexpr int ELEMS = 32, BYTES = 20; };
+template <> struct WTraits<W_Q5_0> { static constexpr int ELEMS = 32, BYTES = 22; };
+template <> struct WTraits<W_Q5_1> { static constexpr int ELEMS = 32, BYTES = 24; };
+template <> struct WTraits<W_Q8_0> { static constexpr int ELEMS = 32, BYTES = 34; };
+template <> struct WTraits<W_Q4_K> { static constexpr int ELEMS = 256, BYTES = 144; };
+template <> struct WTraits<W_Q5_K> { static constexpr int ELEMS = 256, BYTES = 176; };
+template <> struct WTraits<W_Q6_K> { static constexpr int ELEMS = 256, BYTES = 210; };
+
+// a * b + c and a * b - c with two roundings, as the CPU computes them.
+static __device__ __forceinline__ float mul_add_rn(float a, float b, float c) {
+    return __fadd_rn(__fmul_rn(a, b), c);
+}
+static __device__ __forceinline__ float mul_sub_rn(float a, float b, float c) {
+    return __fsub_rn(__fmul_rn(a, b), c);
+}
+
+template <int T>
+static __device__ __forceinline__ u64 row_bytes(int cols) {
+    return (u64)(cols / WTraits<T>::ELEMS) * WTraits<T>::BYTES;
+}
+
+// Four bytes at a 2-byte aligned address (blocks of 18, 22, 34 or 210 bytes are only
+// 2-byte aligned, so a 32-bit load is not allowed).
+static __device__ __forceinline__ u32 ld4_a2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// ggml's get_scale_min_k4: 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
+static __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+template <int T>
+static __device__ __forceinline__ void dq8(const u8* row, int g, float (&w)[8], int& e0, int& e1);
+
+template <>
+__device__ __forceinline__ void dq8<W_F32>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const float4* p = (const float4*)row + 2 * g;
+    const float4 a = p[0], b = p[1];
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    e0 = 8 * g;
+    e1 = e0 + 4;
+}
+
+template <>
+__device__ __forceinline__ void dq8<W_F16>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const u32* p = (const u32*)row + 4 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 v = p[i];
+        w[2 * i] = f16_to_f32((u16)(v & 0xFFFF));
+        w[2 * i + 1] = f16_to_f32((u16)(v >> 16));
+    }
+    e0 = 8 * g;
+    e1 = e0 + 4;
+}
+
+template <>
+__device__ __forceinline__ void dq8<W_BF16>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const u32* p = (const u32*)row + 4 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 v = p[i];
+        w[2 * i] = bf16_to_f32((u16)(v & 0xFFFF));
+        w[2 * i + 1] = bf16_to_f32((u16)(v >> 16));
+    }
+    e0 = 8 * g;
+    e1 = e0 + 4;
+}
+
+// Legacy formats: group g is quarter q = g % 4 of block g / 4, i.e. quant bytes 4q..4q+3,
+// whose low nibbles are elements 4q.. and high nibbles elements 16 + 4q.. of the block.
+template <>
+__device__ __forceinline__ void dq8<W_Q4_0>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q4_0* b = (const block_q4_0*)row + (g >> 2);
+    const int q = g & 3;
+    const float d = f16_to_f32(b->d);
+    const u32 v = ld4_a2(b->qs + 4 * q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x = (v >> (8 * i)) & 0xFF;
+        w[i] = (float)((x & 0xF) - 8) * d;
+        w[4 + i] = (float)((x >> 4) - 8) * d;
+    }
+    e0 = (g >> 2) * 32 + 4 * q;
+    e1 = e0 + 16;
+}
+
+template <>
+__device__ __forceinline__ void dq8<W_Q4_1>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q4_1* b = (const block_q4_1*)row + (g >> 2);
+    const int q = g & 3;
+    const float d = f16_to_f32(b->d), m = f16_to_f32(b->m);
+    const u32 v = ld4_a2(b->qs + 4 * q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x = (v >> (8 * i)) & 0xFF;
+        w[i] = mul_add_rn((float)(x & 0xF), d, m);
+        w[4 + i] = mul_add_rn((float)(x >> 4), d, m);
+    }
+    e0 = (g >> 2) * 32 + 4 * q;
+    e1 = e0 + 16;
+}
+
+// Q5: bit 4 of block element j is bit j of qh.
+template <>
+__device__ __forceinline__ void dq8<W_Q5_0>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q5_0* b = (const block_q5_0*)row + (g >> 2);
+    const int q = g & 3;
+    const float d = f16_to_f32(b->d);
+    const u32 qh = ld4_a2(b->qh);
+    const u32 v = ld4_a2(b->qs + 4 * q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int j = 4 * q + i;
+        const int x = (v >> (8 * i)) & 0xFF;
+        const int h0 = ((qh >> j) & 1) << 4;
+        const int h1 = ((qh >> (j + 16)) & 1) << 4;
+        w[i] = (float)(((x & 0xF) | h0) - 16) * d;
+        w[4 + i] = (float)(((x >> 4) | h1) - 16) * d;
+    }
+    e0 = (g >> 2) * 32 + 4 * q;
+    e1 = e0 + 16;
+}
+
+template <>
+__device__ __forceinline__ void dq8<W_Q5_1>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q5_1* b = (const block_q5_1*)row + (g >> 2);
+    const int q = g & 3;
+    const float d = f16_to_f32(b->d), m = f16_to_f32(b->m);
+    const u32 qh = ld4_a2(b->qh);
+    const u32 v = ld4_a2(b->qs + 4 * q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int j = 4 * q + i;
+        const int x = (v >> (8 * i)) & 0xFF;
+        const int h0 = ((qh >> j) & 1) << 4;
+        const int h1 = ((qh >> (j + 16)) & 1) << 4;
+        w[i] = mul_add_rn((float)((x & 0xF) | h0), d, m);
+        w[4 + i] = mul_add_rn((float)((x >> 4) | h1), d, m);
+    }
+    e0 = (g >> 2) * 32 + 4 * q;
+    e1 = e0 + 16;
+}
+
+// Q8_0: group g is elements 8q..8q+7 of block g / 4.
+template <>
+__device__ __forceinline__ void dq8<W_Q8_0>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q8_0* b = (const block_q8_0*)row + (g >> 2);
+    const int q = g & 3;
+    const float d = f16_to_f32(b->d);
+    const u8* qs = (const u8*)b->qs + 8 * q;
+    const u32 lo = ld4_a2(qs), hi = ld4_a2(qs + 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = (float)(i8)((lo >> (8 * i)) & 0xFF) * d;
+        w[4 + i] = (float)(i8)((hi >> (8 * i)) & 0xFF) * d;
+    }
+    e0 = (g >> 2) * 32 + 8 * q;
+    e1 = e0 + 4;
+}
+
+// K-quants: group g is lane l = g % 32 of super-block g / 32. For Q4_K/Q5_K, lane l takes
+// chunk c = l / 8 (64 elements, quant bytes 32c..32c+31) at byte offset l0 = 4 (l % 8):
+// low nibbles are elements 64c + l0.. (sub-block 2c), high nibbles 64c + 32 + l0..
+// (sub-block 2c + 1).
+template <>
+__device__ __forceinline__ void dq8<W_Q4_K>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q4_k* b = (const block_q4_k*)row + (g >> 5);
+    const int l = g & 31, c = l >> 3, l0 = (l & 7) * 4;
+    const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+    int sc1, m1, sc2, m2;
+    scale_min_k4(2 * c, b->scales, sc1, m1);
+    scale_min_k4(2 * c + 1, b->scales, sc2, m2);
+    const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+    const float d2 = d * (float)sc2, mm2 = dmin * (float)m2;
+    const u32 v = ld4_a2(b->qs + 32 * c + l0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x = (v >> (8 * i)) & 0xFF;
+        w[i] = mul_sub_rn(d1, (float)(x & 0xF), mm1);
+        w[4 + i] = mul_sub_rn(d2, (float)(x >> 4), mm2);
+    }
+    e0 = (g >> 5) * 256 + 64 * c + l0;
+    e1 = e0 + 32;
+}
+
+// Q5_K: as Q4_K; the fifth bit of chunk c's low (high) nibble of byte l is bit 2c
+// (2c + 1) of qh[l].
+template <>
+__device__ __forceinline__ void dq8<W_Q5_K>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q5_k* b = (const block_q5_k*)row + (g >> 5);
+    const int l = g & 31, c = l >> 3, l0 = (l & 7) * 4;
+    const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+    int sc1, m1, sc2, m2;
+    scale_min_k4(2 * c, b->scales, sc1, m1);
+    scale_min_k4(2 * c + 1, b->scales, sc2, m2);
+    const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+    const float d2 = d * (float)sc2, mm2 = dmin * (float)m2;
+    const u32 v = ld4_a2(b->qs + 32 * c + l0);
+    const u32 h = ld4_a2(b->qh + l0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x = (v >> (8 * i)) & 0xFF;
+        const int hb = (h >> (8 * i)) & 0xFF;
+        const int h1 = (hb >> (2 * c)) & 1 ? 16 : 0;
+        const int h2 = (hb >> (2 * c + 1)) & 1 ? 16 : 0;
+        w[i] = mul_sub_rn(d1, (float)((x & 0xF) + h1), mm1);
+        w[4 + i] = mul_sub_rn(d2, (float)((x >> 4) + h2), mm2);
+    }
+    e0 = (g >> 5) * 256 + 64 * c + l0;
+    e1 = e0 + 32;
+}
+
+// Q6_K: a super-block is two halves of 128; in half h, byte l (0..31) of ql (and ql
+// l + 32) with byte l of qh makes elements l, l + 32, l + 64, l + 96. Lane l = g % 32
+// takes half h = l / 16, side s = (l / 8) % 2 (ql byte l' or l' + 32) and l' = 4 (l % 8)..:
+// elements 128h + 32s + l'.. (low nibbles) and 128h + 64 + 32s + l'.. (high nibbles).
+template <>
+__device__ __forceinline__ void dq8<W_Q6_K>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q6_k* b = (const block_q6_k*)row + (g >> 5);
+    const int l = g & 31, h = l >> 4, s = (l >> 3) & 1, l0 = (l & 7) * 4;
+    const int is = l0 / 16;
+    const float d = f16_to_f32(b->d);
+    // ggml evaluates d * sc * q left to right in float.
+    const float ds_lo = d * (float)b->scales[8 * h + is + 2 * s];
+    const float ds_hi = d * (float)b->scales[8 * h + is + 4 + 2 * s];
+    const u32 ql = ld4_a2(b->ql + 64 * h + 32 * s + l0);
+    const u32 qh = ld4_a2(b->qh + 32 * h + l0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x = (ql >> (8 * i)) & 0xFF;
+        const int hb = (qh >> (8 * i)) & 0xFF;
+        const int q_lo = ((x & 0xF) | (((hb >> (2 * s)) & 3) << 4)) - 32;
+        const int q_hi = ((x >> 4) | (((hb >> (4 + 2 * s)) & 3) << 4)) - 32;
+        w[i] = ds_lo * (float)q_lo;
+        w[4 + i] = ds_hi * (float)q_hi;
+    }
+    e0 = (g >> 5) * 256 + 128 * h + 32 * s + l0;
+    e1 = e0 + 64;
+}
+
+// Expands `M(name, type_id)` once per supported weight format; entry-point files use it
+// to stamp out one kernel per format.
+#define SPARKD_FOR_EACH_WTYPE(M) \
+    M(f32, W_F32)                \
+    M(f16, W_F16)                \
+    M(bf16, W_BF16)              \
+    M(q4_0, W_Q4_0)              \
+    M(q4_1, W_Q4_1)              \
+    M(q5_0, W_Q5_0)              \
+    M(q5_1, W_Q5_1)              \
+    M(q8_0, W_Q8_0)              \
+    M(q4_k, W_Q4_K)              \
+    M(q5_k, W_Q5_K)              \
+    M(q6_k, W_Q6_K)

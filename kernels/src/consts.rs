@@ -1,0 +1,79 @@
+//! Shapes the kernels are built around, mirrored from the `#define`s in common.cuh (a
+//! test checks that they agree). Hosts size grids, scratch buffers and checks with them.
+
+/// Positions per paged KV block; must equal the daemon's `model::kv::BLOCK_TOKENS`.
+pub const KV_BLOCK_TOKENS: usize = 16;
+/// Largest batch one decode mat-vec launch handles.
+pub const MMV_MAX_BATCH: usize = 16;
+/// Activation elements staged in shared memory per step of the mat-vec.
+pub const MMV_TILE: usize = 512;
+/// Warps per block of the mat-vec kernels.
+pub const MMV_WARPS: usize = 8;
+/// Weight rows per warp of the mat-vec kernels.
+pub const MMV_ROWS_PER_WARP: usize = 2;
+/// Positions per block (split) of the decode attention.
+pub const ATTN_PARTITION: usize = 256;
+/// Query heads per kv head the attention kernels handle.
+pub const MAX_GQA_GROUP: usize = 16;
+/// Largest head size the attention kernels handle.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Weight rows one mat-vec block covers: the grid is `rows.div_ceil(MMV_ROWS_PER_BLOCK)`.
+pub const MMV_ROWS_PER_BLOCK: usize = MMV_WARPS * MMV_ROWS_PER_WARP;
+/// Threads per mat-vec block.
+pub const MMV_THREADS: u32 = (MMV_WARPS * 32) as u32;
+/// Output tile and threads of the prefill GEMM: grid `(n.div_ceil(128), m.div_ceil(128))`.
+pub const GEMM_TILE: usize = 128;
+pub const GEMM_THREADS: u32 = 256;
+/// Threads of the decode attention and its reduction.
+pub const ATTN_DECODE_THREADS: u32 = 128;
+/// Queries per block and threads of the prefill attention.
+pub const ATTN_PREFILL_QUERIES: usize = 16;
+pub const ATTN_PREFILL_THREADS: u32 = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::{source, HEADERS};
+
+    /// The value of `#define NAME value` in `text`.
+    fn define(text: &str, name: &str) -> Option<usize> {
+        text.lines().find_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next() == Some("#define") && it.next() == Some(name))
+                .then(|| it.next()?.parse().ok())?
+        })
+    }
+
+    #[test]
+    fn rust_constants_match_the_cuda_defines() {
+        let common = HEADERS.iter().find(|(n, _)| *n == "common.cuh").unwrap().1;
+        for (name, value) in [
+            ("SPARKD_KV_BLOCK_TOKENS", KV_BLOCK_TOKENS),
+            ("SPARKD_MMV_MAX_BATCH", MMV_MAX_BATCH),
+            ("SPARKD_MMV_TILE", MMV_TILE),
+            ("SPARKD_MMV_WARPS", MMV_WARPS),
+            ("SPARKD_MMV_ROWS_PER_WARP", MMV_ROWS_PER_WARP),
+            ("SPARKD_ATTN_PARTITION", ATTN_PARTITION),
+            ("SPARKD_MAX_GQA_GROUP", MAX_GQA_GROUP),
+            ("SPARKD_MAX_HEAD_DIM", MAX_HEAD_DIM),
+        ] {
+            assert_eq!(define(common, name), Some(value), "{name}");
+        }
+        let gemm = source("gemm.cu").unwrap();
+        assert_eq!(define(gemm, "GEMM_BM"), Some(GEMM_TILE));
+        assert_eq!(define(gemm, "GEMM_BN"), Some(GEMM_TILE));
+        assert_eq!(define(gemm, "GEMM_THREADS"), Some(GEMM_THREADS as usize));
+        let dec = source("attn_decode.cu").unwrap();
+        assert_eq!(
+            define(dec, "DEC_THREADS"),
+            Some(ATTN_DECODE_THREADS as usize)
+        );
+        let pre = source("attn_prefill.cu").unwrap();
+        assert_eq!(
+            define(pre, "PRE_THREADS"),
+            Some(ATTN_PREFILL_THREADS as usize)
+        );
+        assert_eq!(define(pre, "PRE_QUERIES"), Some(ATTN_PREFILL_QUERIES));
+    }
+}

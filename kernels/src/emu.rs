@@ -1,0 +1,178 @@
+//! Runs kernels on the CPU through `kernels/emu/` (a C++20 emulation of the CUDA features
+//! the sources use), so tests check the real kernel code on machines without a GPU.
+//! Needs a C++ compiler (`$CXX`, else `c++`); the runner is built once per source hash
+//! into the temporary directory. Test support: slow, and blind to scheduling races.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+
+use crate::sources::{HEADERS, SOURCES};
+
+const EMU_FILES: &[(&str, &str)] = &[
+    ("emu/cuda_emu.h", include_str!("../emu/cuda_emu.h")),
+    ("emu/runner.cpp", include_str!("../emu/runner.cpp")),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmuError {
+    #[error("no C++ compiler ({0}): set CXX or install g++")]
+    NoCompiler(String),
+    #[error("building the emulator failed:\n{0}")]
+    Build(String),
+    #[error("emulator I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{kernel} failed in the emulator: {stderr}")]
+    Launch { kernel: String, stderr: String },
+}
+
+/// One kernel argument, in parameter order.
+#[derive(Debug)]
+pub enum Arg<'a> {
+    /// A device buffer: copied in before the launch and back out after it.
+    Buf(&'a mut [u8]),
+    Null,
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+/// The built runner.
+#[derive(Debug)]
+pub struct Emulator {
+    exe: PathBuf,
+}
+
+static EMULATOR: OnceLock<Result<Emulator, String>> = OnceLock::new();
+static JOBS: AtomicU64 = AtomicU64::new(0);
+
+impl Emulator {
+    /// The process-wide emulator, built on first use. A failure is reported again (as
+    /// text) on later calls without rebuilding.
+    pub fn get() -> Result<&'static Emulator, EmuError> {
+        match EMULATOR.get_or_init(|| Self::build().map_err(|e| e.to_string())) {
+            Ok(e) => Ok(e),
+            Err(msg) if msg.starts_with("no C++ compiler") => {
+                Err(EmuError::NoCompiler(msg.clone()))
+            }
+            Err(msg) => Err(EmuError::Build(msg.clone())),
+        }
+    }
+
+    fn build() -> Result<Emulator, EmuError> {
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+        let mut h = Sha256::new();
+        for (name, text) in SOURCES.iter().chain(HEADERS).chain(EMU_FILES) {
+            h.update(name.as_bytes());
+            h.update(text.as_bytes());
+        }
+        h.update(cxx.as_bytes());
+        let hash: String = h.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let dir = std::env::temp_dir().join(format!("sparkd-emu-{hash}"));
+        let exe = dir.join("runner");
+        if exe.is_file() {
+            return Ok(Emulator { exe });
+        }
+        std::fs::create_dir_all(dir.join("emu"))?;
+        for (name, text) in SOURCES.iter().chain(HEADERS).chain(EMU_FILES) {
+            std::fs::write(dir.join(name), text)?;
+        }
+        let tmp = dir.join(format!("runner.{}.tmp", std::process::id()));
+        let out = Command::new(&cxx)
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-fno-strict-aliasing",
+                "-ffp-contract=off",
+                "-pthread",
+            ])
+            .arg("-Wno-unknown-pragmas")
+            .arg("-o")
+            .arg(&tmp)
+            .arg(dir.join("emu/runner.cpp"))
+            .output()
+            .map_err(|e| EmuError::NoCompiler(format!("{cxx}: {e}")))?;
+        if !out.status.success() {
+            return Err(EmuError::Build(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        std::fs::rename(&tmp, &exe)?;
+        Ok(Emulator { exe })
+    }
+
+    /// Runs `kernel` over `grid` blocks of `block` threads with `args`.
+    pub fn launch(
+        &self,
+        kernel: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        args: &mut [Arg<'_>],
+    ) -> Result<(), EmuError> {
+        let n = JOBS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("sparkd-emu-job-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let result = self.run_job(&dir, kernel, grid, block, args);
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+
+    fn run_job(
+        &self,
+        dir: &Path,
+        kernel: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        args: &mut [Arg<'_>],
+    ) -> Result<(), EmuError> {
+        let mut job = format!(
+            "kernel {kernel}\ngrid {} {} {}\nblock {} {} {}\n",
+            grid[0], grid[1], grid[2], block[0], block[1], block[2]
+        );
+        for (i, a) in args.iter().enumerate() {
+            match a {
+                Arg::Buf(b) => {
+                    let p = dir.join(format!("buf{i}"));
+                    std::fs::write(&p, &**b)?;
+                    job.push_str(&format!("buf {}\n", p.display()));
+                }
+                Arg::Null => job.push_str("null\n"),
+                Arg::I32(v) => job.push_str(&format!("i32 {v}\n")),
+                Arg::I64(v) => job.push_str(&format!("i64 {v}\n")),
+                Arg::F32(v) => job.push_str(&format!("f32 {}\n", v.to_bits())),
+            }
+        }
+        let job_path = dir.join("job");
+        std::fs::write(&job_path, job)?;
+        let out = Command::new(&self.exe).arg(&job_path).output()?;
+        if !out.status.success() {
+            return Err(EmuError::Launch {
+                kernel: kernel.to_string(),
+                stderr: format!(
+                    "{} {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        for (i, a) in args.iter_mut().enumerate() {
+            if let Arg::Buf(b) = a {
+                let data = std::fs::read(dir.join(format!("buf{i}")))?;
+                if data.len() != b.len() {
+                    return Err(EmuError::Launch {
+                        kernel: kernel.to_string(),
+                        stderr: format!("buffer {i} came back with {} bytes", data.len()),
+                    });
+                }
+                b.copy_from_slice(&data);
+            }
+        }
+        Ok(())
+    }
+}

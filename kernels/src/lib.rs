@@ -1,0 +1,23 @@
+//! sparkd's CUDA kernels: the `.cu` sources (embedded at build time) and their
+//! compilation to PTX at run time with NVRTC, cached on disk.
+//!
+//! Nothing here needs CUDA to build: NVRTC is loaded dynamically on first use, and its
+//! absence is an ordinary [`KernelError`], so a machine without a GPU stack runs the CPU
+//! backend. The sources include no CUDA header, so no include path is needed either.
+
+mod arch;
+mod cache;
+mod compile;
+pub mod consts;
+pub mod emu;
+mod error;
+pub mod names;
+mod nvrtc;
+mod sources;
+
+pub use arch::{Arch, MIN_SM};
+pub use cache::{PtxCache, CACHE_ENV};
+pub use compile::{compile, Compiled, Compiler, Ptx, PtxSet, INCLUDE_ENV};
+pub use error::KernelError;
+pub use nvrtc::{load as load_nvrtc, NvrtcVersion, NVRTC_LIB_ENV};
+pub use sources::{expand, source, HEADERS, SOURCES};

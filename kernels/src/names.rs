@@ -1,0 +1,280 @@
+//! Kernel entry-point names, built from typed arguments so the host cannot misspell one,
+//! and the full list that the NVRTC test checks every compiled module against.
+
+/// Weight formats the weight-reading kernels (embedding, mat-vec, dequantize) support,
+/// with ggml's type ids (the numbering quant.cuh uses too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum WeightType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl WeightType {
+    pub const ALL: [WeightType; 11] = [
+        Self::F32,
+        Self::F16,
+        Self::BF16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+    ];
+
+    /// From a GGUF/ggml type id; `None` for formats without kernels.
+    pub fn from_ggml_id(id: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.ggml_id() == id)
+    }
+
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
+            Self::Q8_0 => 8,
+            Self::Q4_K => 12,
+            Self::Q5_K => 13,
+            Self::Q6_K => 14,
+            Self::BF16 => 30,
+        }
+    }
+
+    /// The suffix of the kernel names (`mmv_q4_k_b8`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::BF16 => "bf16",
+            Self::Q4_0 => "q4_0",
+            Self::Q4_1 => "q4_1",
+            Self::Q5_0 => "q5_0",
+            Self::Q5_1 => "q5_1",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_K => "q4_k",
+            Self::Q5_K => "q5_k",
+            Self::Q6_K => "q6_k",
+        }
+    }
+
+    /// Elements per block: a row's length must be a multiple of this and of 8.
+    pub fn block_elems(self) -> usize {
+        match self {
+            Self::F32 | Self::F16 | Self::BF16 => 1,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
+        }
+    }
+
+    /// Whether the kernels accept rows of `cols` elements of this type.
+    pub fn supports_cols(self, cols: usize) -> bool {
+        cols > 0 && cols % 8 == 0 && cols % self.block_elems() == 0
+    }
+}
+
+/// The 16-bit float formats of the prefill GEMM operands and the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Half {
+    F16,
+    BF16,
+}
+
+impl Half {
+    fn suffix(self) -> &'static str {
+        match self {
+            Half::F16 => "f16",
+            Half::BF16 => "bf16",
+        }
+    }
+}
+
+/// Element type of the paged KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvType {
+    F32,
+    F16,
+}
+
+impl KvType {
+    fn suffix(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+}
+
+/// The batch sizes the mat-vec kernels are compiled for.
+pub const MMV_BATCHES: [usize; 4] = [1, 4, 8, 16];
+
+/// The mat-vec variant to launch for `n` activation rows: the smallest that holds them,
+/// `None` above [`crate::consts::MMV_MAX_BATCH`] (split the batch, or use the GEMM).
+pub fn mmv_variant(n: usize) -> Option<usize> {
+    MMV_BATCHES.into_iter().find(|&b| b >= n.max(1))
+}
+
+pub fn embed(ty: WeightType) -> String {
+    format!("embed_{}", ty.suffix())
+}
+
+/// `batch` must be one of [`MMV_BATCHES`] (see [`mmv_variant`]).
+pub fn mmv(ty: WeightType, batch: usize) -> String {
+    format!("mmv_{}_b{batch}", ty.suffix())
+}
+
+pub fn dequant(ty: WeightType, out: Half) -> String {
+    format!("dequant_{}_{}", ty.suffix(), out.suffix())
+}
+
+pub fn gemm(ty: Half) -> String {
+    format!("gemm_{}", ty.suffix())
+}
+
+pub fn convert_from_f32(ty: Half) -> String {
+    format!("convert_f32_{}", ty.suffix())
+}
+
+pub fn kv_write(ty: KvType) -> String {
+    format!("kv_write_{}", ty.suffix())
+}
+
+pub fn attn_decode(ty: KvType) -> String {
+    format!("attn_decode_{}", ty.suffix())
+}
+
+pub fn attn_prefill(ty: KvType) -> String {
+    format!("attn_prefill_{}", ty.suffix())
+}
+
+pub const ATTN_DECODE_REDUCE: &str = "attn_decode_reduce";
+pub const RMSNORM: &str = "rmsnorm_f32";
+pub const RMSNORM_RESIDUAL: &str = "rmsnorm_residual_f32";
+pub const ROPE: &str = "rope_f32";
+pub const SWIGLU: &str = "swiglu_f32";
+pub const ADD: &str = "add_f32";
+pub const ADD_BIAS: &str = "add_bias_f32";
+pub const ARGMAX: &str = "argmax_f32";
+
+/// Every kernel the host may launch, with the module that defines it.
+pub fn all() -> Vec<(&'static str, String)> {
+    let mut v = Vec::new();
+    for ty in WeightType::ALL {
+        v.push(("embed.cu", embed(ty)));
+        for b in MMV_BATCHES {
+            v.push(("matvec.cu", mmv(ty, b)));
+        }
+        for h in [Half::F16, Half::BF16] {
+            v.push(("dequant.cu", dequant(ty, h)));
+        }
+    }
+    for h in [Half::F16, Half::BF16] {
+        v.push(("gemm.cu", gemm(h)));
+        v.push(("gemm.cu", convert_from_f32(h)));
+    }
+    for kv in [KvType::F32, KvType::F16] {
+        v.push(("kv.cu", kv_write(kv)));
+        v.push(("attn_decode.cu", attn_decode(kv)));
+        v.push(("attn_prefill.cu", attn_prefill(kv)));
+    }
+    v.push(("attn_decode.cu", ATTN_DECODE_REDUCE.into()));
+    v.push(("rmsnorm.cu", RMSNORM.into()));
+    v.push(("rmsnorm.cu", RMSNORM_RESIDUAL.into()));
+    v.push(("rope.cu", ROPE.into()));
+    for k in [SWIGLU, ADD, ADD_BIAS] {
+        v.push(("elementwise.cu", k.into()));
+    }
+    v.push(("argmax.cu", ARGMAX.into()));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consts::MMV_MAX_BATCH;
+    use crate::sources::{source, SOURCES};
+
+    #[test]
+    fn ids_round_trip_and_unknown_ids_are_none() {
+        for t in WeightType::ALL {
+            assert_eq!(WeightType::from_ggml_id(t.ggml_id()), Some(t));
+        }
+        // Q8_1 and Q8_K are activation formats: no weight kernels.
+        assert_eq!(WeightType::from_ggml_id(9), None);
+        assert_eq!(WeightType::from_ggml_id(15), None);
+    }
+
+    #[test]
+    fn the_cuda_type_macros_use_the_same_ids_and_suffixes() {
+        let quant = crate::sources::HEADERS
+            .iter()
+            .find(|(n, _)| *n == "quant.cuh")
+            .unwrap()
+            .1;
+        for t in WeightType::ALL {
+            let macro_name = format!("W_{}", t.suffix().to_uppercase());
+            assert!(
+                quant.contains(&format!("#define {macro_name} {}\n", t.ggml_id())),
+                "{macro_name}"
+            );
+            assert!(
+                quant.contains(&format!("M({}, {macro_name})", t.suffix())),
+                "{macro_name} in SPARKD_FOR_EACH_WTYPE"
+            );
+        }
+    }
+
+    #[test]
+    fn mmv_variants_cover_every_batch_up_to_the_maximum() {
+        assert_eq!(mmv_variant(0), Some(1));
+        assert_eq!(mmv_variant(1), Some(1));
+        assert_eq!(mmv_variant(3), Some(4));
+        assert_eq!(mmv_variant(9), Some(16));
+        assert_eq!(mmv_variant(MMV_MAX_BATCH), Some(MMV_MAX_BATCH));
+        assert_eq!(mmv_variant(MMV_MAX_BATCH + 1), None);
+        assert_eq!(*MMV_BATCHES.last().unwrap(), MMV_MAX_BATCH);
+        let matvec = source("matvec.cu").unwrap();
+        for b in MMV_BATCHES {
+            assert!(matvec.contains(&format!("MMV_ENTRY(name, T, {b})")), "b{b}");
+        }
+    }
+
+    #[test]
+    fn every_listed_kernel_belongs_to_an_embedded_module() {
+        let all = all();
+        let mut names: Vec<_> = all.iter().map(|(_, n)| n.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len(), "names are unique");
+        for (module, _) in &all {
+            assert!(SOURCES.iter().any(|(m, _)| m == module), "{module}");
+        }
+        // Every module defines at least one listed kernel.
+        for (m, _) in SOURCES {
+            assert!(all.iter().any(|(module, _)| module == m), "{m}");
+        }
+    }
+
+    #[test]
+    fn row_lengths_must_be_whole_blocks_and_groups_of_eight() {
+        assert!(WeightType::Q4_0.supports_cols(576));
+        assert!(!WeightType::Q4_K.supports_cols(576));
+        assert!(WeightType::Q4_K.supports_cols(4096));
+        assert!(!WeightType::F16.supports_cols(12));
+        assert!(!WeightType::F16.supports_cols(0));
+    }
+}

@@ -1,0 +1,569 @@
+//! The per-layer kernels (RMSNorm, RoPE, SwiGLU and adds, KV write, decode and prefill
+//! attention, argmax), run on the CPU emulator (kernels/emu) and checked against plain
+//! f64 references of what daemon/src/model computes. Skips without a C++ compiler.
+
+mod common;
+
+use common::*;
+use half::f16;
+use sparkd_kernels::consts::{
+    ATTN_DECODE_THREADS, ATTN_PARTITION, ATTN_PREFILL_QUERIES, ATTN_PREFILL_THREADS,
+    KV_BLOCK_TOKENS,
+};
+use sparkd_kernels::emu::{Arg, Emulator};
+use sparkd_kernels::names::{self, KvType};
+
+#[test]
+fn rmsnorm_and_the_fused_residual_variant_match_the_reference() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(11);
+    let (rows, n, eps) = (3, 576, 1e-5f32);
+    let x = rng.vec(rows * n, 3.0);
+    let add = rng.vec(rows * n, 1.0);
+    let w = rng.vec(n, 1.5);
+    let reference = |x: &[f32]| {
+        let mut want = vec![0.0f64; rows * n];
+        let mut mag = vec![0.0f64; rows * n];
+        for r in 0..rows {
+            let row = &x[r * n..(r + 1) * n];
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+            let scale = 1.0 / (ms + eps as f64).sqrt();
+            for i in 0..n {
+                want[r * n + i] = row[i] as f64 * scale * w[i] as f64;
+                mag[r * n + i] = want[r * n + i].abs().max(1e-3);
+            }
+        }
+        (want, mag)
+    };
+
+    // Plain, in place (out == x), as Qwen3's per-head norm uses it.
+    let mut xb = f32_bytes(&x);
+    let mut wb = f32_bytes(&w);
+    let mut inplace = xb.clone();
+    emu.launch(
+        names::RMSNORM,
+        [rows as u32, 1, 1],
+        [128, 1, 1],
+        &mut [
+            Arg::Buf(&mut xb),
+            Arg::Buf(&mut wb),
+            Arg::Buf(&mut inplace),
+            Arg::I32(n as i32),
+            Arg::F32(eps),
+        ],
+    )
+    .unwrap();
+    let (want, mag) = reference(&x);
+    assert_close("rmsnorm", &bytes_f32(&inplace), &want, &mag, 1e-5);
+
+    // Fused: x += add, out = norm(x).
+    let mut xb = f32_bytes(&x);
+    let mut ab = f32_bytes(&add);
+    let mut out = vec![0u8; rows * n * 4];
+    emu.launch(
+        names::RMSNORM_RESIDUAL,
+        [rows as u32, 1, 1],
+        [256, 1, 1],
+        &mut [
+            Arg::Buf(&mut xb),
+            Arg::Buf(&mut ab),
+            Arg::Buf(&mut wb),
+            Arg::Buf(&mut out),
+            Arg::I32(n as i32),
+            Arg::F32(eps),
+        ],
+    )
+    .unwrap();
+    let summed: Vec<f32> = x.iter().zip(&add).map(|(a, b)| a + b).collect();
+    assert_eq!(bytes_f32(&xb), summed, "residual stream updated in place");
+    let (want, mag) = reference(&summed);
+    assert_close("rmsnorm_residual", &bytes_f32(&out), &want, &mag, 1e-5);
+}
+
+#[test]
+fn rope_rotates_the_right_pairs_for_both_styles_and_leaves_the_rest() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(12);
+    let (n_tok, nq, nkv, hd) = (3, 4, 2, 64);
+    let n_pairs = 24; // partial rotary: dims 48..64 pass through
+    let pos = [0i32, 7, 100_000];
+    let inv: Vec<f32> = (0..n_pairs)
+        .map(|i| 10_000f32.powf(-2.0 * i as f32 / (2 * n_pairs) as f32))
+        .collect();
+    for (neox, scale) in [(0, 1.0f32), (1, 4.0)] {
+        let q = rng.vec(n_tok * nq * hd, 1.0);
+        let k = rng.vec(n_tok * nkv * hd, 1.0);
+        let mut qb = f32_bytes(&q);
+        let mut kb = f32_bytes(&k);
+        emu.launch(
+            names::ROPE,
+            [2, 1, 1],
+            [64, 1, 1],
+            &mut [
+                Arg::Buf(&mut qb),
+                Arg::Buf(&mut kb),
+                Arg::Buf(&mut i32_bytes(&pos)),
+                Arg::Buf(&mut f32_bytes(&inv)),
+                Arg::I32(n_tok as i32),
+                Arg::I32(nq as i32),
+                Arg::I32(nkv as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(n_pairs as i32),
+                Arg::F32(scale),
+                Arg::I32(neox),
+            ],
+        )
+        .unwrap();
+        for (name, orig, got, heads) in [
+            ("q", &q, bytes_f32(&qb), nq),
+            ("k", &k, bytes_f32(&kb), nkv),
+        ] {
+            for (t, &tpos) in pos.iter().enumerate() {
+                for h in 0..heads {
+                    let o = (t * heads + h) * hd;
+                    let mut want: Vec<f64> = orig[o..o + hd].iter().map(|&v| v as f64).collect();
+                    for (i, &f) in inv.iter().enumerate() {
+                        // The angle is formed in f32, as the CPU does.
+                        let angle = (tpos as f32 / scale * f) as f64;
+                        let (a, b) = if neox == 1 {
+                            (i, i + n_pairs)
+                        } else {
+                            (2 * i, 2 * i + 1)
+                        };
+                        let (x0, x1) = (orig[o + a] as f64, orig[o + b] as f64);
+                        want[a] = x0 * angle.cos() - x1 * angle.sin();
+                        want[b] = x0 * angle.sin() + x1 * angle.cos();
+                    }
+                    let what = format!("rope {name} neox={neox} token {t} head {h}");
+                    assert_close(&what, &got[o..o + hd], &want, &[1.0; 64], 1e-5);
+                    assert_eq!(
+                        &got[o + 2 * n_pairs..o + hd],
+                        &orig[o + 2 * n_pairs..o + hd]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn swiglu_and_adds_compute_the_cpu_expressions() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(13);
+    let (rows, n) = (3, 100);
+    let gate = rng.vec(rows * n, 6.0);
+    let up = rng.vec(rows * n, 2.0);
+    let mut g = f32_bytes(&gate);
+    let mut u = f32_bytes(&up);
+    let mut out = g.clone(); // out aliasing gate is allowed; a copy keeps inputs readable
+    emu.launch(
+        names::SWIGLU,
+        [1, 1, 1],
+        [64, 1, 1],
+        &mut [
+            Arg::Buf(&mut g),
+            Arg::Buf(&mut u),
+            Arg::Buf(&mut out),
+            Arg::I64((rows * n) as i64),
+        ],
+    )
+    .unwrap();
+    let want: Vec<f64> = gate
+        .iter()
+        .zip(&up)
+        .map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64)
+        .collect();
+    let mag: Vec<f64> = want.iter().map(|w| w.abs().max(1e-3)).collect();
+    assert_close("swiglu", &bytes_f32(&out), &want, &mag, 1e-5);
+
+    let mut acc = f32_bytes(&gate);
+    emu.launch(
+        names::ADD,
+        [1, 1, 1],
+        [64, 1, 1],
+        &mut [
+            Arg::Buf(&mut acc),
+            Arg::Buf(&mut u),
+            Arg::I64((rows * n) as i64),
+        ],
+    )
+    .unwrap();
+    let sum: Vec<f32> = gate.iter().zip(&up).map(|(a, b)| a + b).collect();
+    assert_eq!(bytes_f32(&acc), sum);
+
+    let bias = rng.vec(n, 1.0);
+    let mut x = f32_bytes(&gate);
+    emu.launch(
+        names::ADD_BIAS,
+        [1, 1, 1],
+        [32, 1, 1],
+        &mut [
+            Arg::Buf(&mut x),
+            Arg::Buf(&mut f32_bytes(&bias)),
+            Arg::I32(rows as i32),
+            Arg::I32(n as i32),
+        ],
+    )
+    .unwrap();
+    let biased: Vec<f32> = gate
+        .iter()
+        .enumerate()
+        .map(|(i, g)| g + bias[i % n])
+        .collect();
+    assert_eq!(bytes_f32(&x), biased);
+}
+
+#[test]
+fn argmax_takes_the_lowest_index_of_the_maximum_and_ignores_nan() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(14);
+    let n = 1000;
+    let inf = f32::INFINITY;
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut want = Vec::new();
+    let mut ties = rng.vec(n, 1.0);
+    ties[700] = 5.0;
+    ties[300] = 5.0;
+    rows.push(ties);
+    want.push(300);
+    let mut nan_first = rng.vec(n, 1.0);
+    nan_first[0] = f32::NAN;
+    nan_first[999] = 9.0;
+    rows.push(nan_first);
+    want.push(999);
+    rows.push(vec![-inf; n]);
+    want.push(0);
+    rows.push(vec![f32::NAN; n]);
+    want.push(0);
+    let mut mixed = vec![-inf; n];
+    mixed[0] = f32::NAN;
+    mixed[513] = -1e30;
+    rows.push(mixed);
+    want.push(513);
+    let mut plus_inf = rng.vec(n, 1.0);
+    plus_inf[42] = inf;
+    plus_inf[43] = inf;
+    rows.push(plus_inf);
+    want.push(42);
+    let flat: Vec<f32> = rows.concat();
+    let mut out = vec![0u8; rows.len() * 4];
+    emu.launch(
+        names::ARGMAX,
+        [rows.len() as u32, 1, 1],
+        [256, 1, 1],
+        &mut [
+            Arg::Buf(&mut f32_bytes(&flat)),
+            Arg::I32(n as i32),
+            Arg::Buf(&mut out),
+        ],
+    )
+    .unwrap();
+    assert_eq!(bytes_u32(&out), want);
+}
+
+/// A paged KV cache built through the kv_write kernel, with its f64 view for references.
+struct Paged {
+    kv: KvType,
+    kv_dim: usize,
+    n_blocks: usize,
+    k_cache: Vec<u8>,
+    v_cache: Vec<u8>,
+    /// Per sequence: its block ids (shuffled) and its (rounded) keys and values.
+    tables: Vec<Vec<i32>>,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl Paged {
+    fn new(emu: &Emulator, kv: KvType, kv_dim: usize, lens: &[usize], rng: &mut Rng) -> Self {
+        let per_seq: Vec<usize> = lens.iter().map(|l| l.div_ceil(KV_BLOCK_TOKENS)).collect();
+        let n_blocks = per_seq.iter().sum::<usize>() + 3;
+        let mut ids: Vec<i32> = (0..n_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i + 1));
+        }
+        let elem = if kv == KvType::F32 { 4 } else { 2 };
+        let cache_len = n_blocks * KV_BLOCK_TOKENS * kv_dim * elem;
+        let mut p = Paged {
+            kv,
+            kv_dim,
+            n_blocks,
+            k_cache: vec![0; cache_len],
+            v_cache: vec![0; cache_len],
+            tables: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::new(),
+        };
+        let mut next = 0;
+        for (&len, &nb) in lens.iter().zip(&per_seq) {
+            let table = ids[next..next + nb].to_vec();
+            next += nb;
+            let k = rng.vec(len * kv_dim, 1.0);
+            let v = rng.vec(len * kv_dim, 1.0);
+            let slots: Vec<i32> = (0..len)
+                .map(|pos| {
+                    table[pos / KV_BLOCK_TOKENS] * KV_BLOCK_TOKENS as i32
+                        + (pos % KV_BLOCK_TOKENS) as i32
+                })
+                .collect();
+            emu.launch(
+                &names::kv_write(kv),
+                [3, 1, 1],
+                [256, 1, 1],
+                &mut [
+                    Arg::Buf(&mut f32_bytes(&k)),
+                    Arg::Buf(&mut f32_bytes(&v)),
+                    Arg::Buf(&mut p.k_cache),
+                    Arg::Buf(&mut p.v_cache),
+                    Arg::Buf(&mut i32_bytes(&slots)),
+                    Arg::I32(len as i32),
+                    Arg::I32(kv_dim as i32),
+                ],
+            )
+            .unwrap();
+            let round = |x: Vec<f32>| -> Vec<f32> {
+                match kv {
+                    KvType::F32 => x,
+                    KvType::F16 => x.into_iter().map(|v| f16::from_f32(v).to_f32()).collect(),
+                }
+            };
+            p.tables.push(table);
+            p.keys.push(round(k));
+            p.values.push(round(v));
+        }
+        p.check_layout();
+        p
+    }
+
+    /// The cache holds each position at block * 16 + slot, as kv.rs lays it out.
+    fn check_layout(&self) {
+        let read = |cache: &[u8], i: usize| match self.kv {
+            KvType::F32 => f32::from_le_bytes(cache[4 * i..4 * i + 4].try_into().unwrap()),
+            KvType::F16 => f16::from_le_bytes([cache[2 * i], cache[2 * i + 1]]).to_f32(),
+        };
+        for (s, table) in self.tables.iter().enumerate() {
+            for pos in 0..self.keys[s].len() / self.kv_dim {
+                let row =
+                    table[pos / KV_BLOCK_TOKENS] as usize * KV_BLOCK_TOKENS + pos % KV_BLOCK_TOKENS;
+                for d in [0, self.kv_dim - 1] {
+                    assert_eq!(
+                        read(&self.k_cache, row * self.kv_dim + d),
+                        self.keys[s][pos * self.kv_dim + d]
+                    );
+                    assert_eq!(
+                        read(&self.v_cache, row * self.kv_dim + d),
+                        self.values[s][pos * self.kv_dim + d]
+                    );
+                }
+            }
+        }
+        assert!(self.n_blocks > self.tables.iter().map(Vec::len).sum::<usize>());
+    }
+
+    fn block_tables(&self) -> (Vec<i32>, usize) {
+        let max_blocks = self.tables.iter().map(Vec::len).max().unwrap_or(0) + 1;
+        let mut flat = vec![-1; self.tables.len() * max_blocks];
+        for (s, t) in self.tables.iter().enumerate() {
+            flat[s * max_blocks..s * max_blocks + t.len()].copy_from_slice(t);
+        }
+        (flat, max_blocks)
+    }
+
+    /// Attention of `q` (one head) over positions 0..=pos of sequence s, kv head g.
+    fn reference(
+        &self,
+        s: usize,
+        g: usize,
+        hd: usize,
+        q: &[f32],
+        pos: usize,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let scale = 1.0 / (hd as f64).sqrt();
+        let key =
+            |p: usize| &self.keys[s][p * self.kv_dim + g * hd..p * self.kv_dim + (g + 1) * hd];
+        let val =
+            |p: usize| &self.values[s][p * self.kv_dim + g * hd..p * self.kv_dim + (g + 1) * hd];
+        let scores: Vec<f64> = (0..=pos)
+            .map(|p| {
+                q.iter()
+                    .zip(key(p))
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        let mut out = vec![0.0; hd];
+        let mut mag = vec![0.0; hd];
+        for (p, &ep) in e.iter().enumerate() {
+            for d in 0..hd {
+                out[d] += ep / l * val(p)[d] as f64;
+                mag[d] += ep / l * (val(p)[d] as f64).abs();
+            }
+        }
+        (out, mag)
+    }
+}
+
+fn decode_case(emu: &Emulator, kv: KvType, hd: usize, lens: &[usize], rng: &mut Rng) {
+    let (n_heads, n_kv) = (6, 2);
+    let group = n_heads / n_kv;
+    let paged = Paged::new(emu, kv, n_kv * hd, lens, rng);
+    let (tables, max_blocks) = paged.block_tables();
+    let n_seqs = lens.len();
+    // Queries in reverse row order, to check q_rows.
+    let rows: Vec<i32> = (0..n_seqs as i32).rev().collect();
+    let q = rng.vec(n_seqs * n_heads * hd, 1.0);
+    let n_splits = lens.iter().max().unwrap().div_ceil(ATTN_PARTITION);
+    let mut out = vec![0u8; n_seqs * n_heads * hd * 4];
+    let mut part_o = vec![0u8; n_seqs * n_heads * n_splits * hd * 4];
+    let mut part_ml = vec![0u8; n_seqs * n_heads * n_splits * 2 * 4];
+    let mut seq_lens = i32_bytes(&lens.iter().map(|&l| l as i32).collect::<Vec<_>>());
+    let mut rows_b = i32_bytes(&rows);
+    let mut k_cache = paged.k_cache.clone();
+    let mut v_cache = paged.v_cache.clone();
+    emu.launch(
+        &names::attn_decode(kv),
+        [n_kv as u32, n_seqs as u32, n_splits as u32],
+        [ATTN_DECODE_THREADS, 1, 1],
+        &mut [
+            Arg::Buf(&mut f32_bytes(&q)),
+            Arg::Buf(&mut k_cache),
+            Arg::Buf(&mut v_cache),
+            Arg::Buf(&mut i32_bytes(&tables)),
+            Arg::I32(max_blocks as i32),
+            Arg::Buf(&mut seq_lens),
+            Arg::Buf(&mut rows_b),
+            Arg::Buf(&mut out),
+            Arg::Buf(&mut part_o),
+            Arg::Buf(&mut part_ml),
+            Arg::I32(n_heads as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(hd as i32),
+            Arg::F32(1.0 / (hd as f32).sqrt()),
+        ],
+    )
+    .unwrap();
+    if n_splits > 1 {
+        emu.launch(
+            names::ATTN_DECODE_REDUCE,
+            [n_heads as u32, n_seqs as u32, 1],
+            [ATTN_DECODE_THREADS, 1, 1],
+            &mut [
+                Arg::Buf(&mut part_o),
+                Arg::Buf(&mut part_ml),
+                Arg::Buf(&mut seq_lens),
+                Arg::Buf(&mut rows_b),
+                Arg::Buf(&mut out),
+                Arg::I32(n_heads as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(n_splits as i32),
+            ],
+        )
+        .unwrap();
+    }
+    let got = bytes_f32(&out);
+    for s in 0..n_seqs {
+        let row = rows[s] as usize;
+        for h in 0..n_heads {
+            let o = (row * n_heads + h) * hd;
+            let (want, mag) = paged.reference(s, h / group, hd, &q[o..o + hd], lens[s] - 1);
+            let what = format!(
+                "{} hd={hd} seq {s} (len {}) head {h}",
+                names::attn_decode(kv),
+                lens[s]
+            );
+            assert_close(&what, &got[o..o + hd], &want, &mag, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn decode_attention_matches_the_reference_with_and_without_splits() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(15);
+    // One split (direct output), then several (partials + reduction). Head sizes cover
+    // the split-position (64), idle-thread (80) and two-dims-per-thread (256) paths.
+    decode_case(emu, KvType::F32, 64, &[1, 17, 256], &mut rng);
+    decode_case(emu, KvType::F16, 80, &[200, 3], &mut rng);
+    decode_case(emu, KvType::F32, 128, &[600, 1, 257], &mut rng);
+    decode_case(emu, KvType::F16, 256, &[300, 40], &mut rng);
+}
+
+fn prefill_case(emu: &Emulator, kv: KvType, hd: usize, chunks: &[(usize, usize)], rng: &mut Rng) {
+    let (n_heads, n_kv) = (6, 2);
+    let group = n_heads / n_kv;
+    // The cache holds each sequence's prefix and its chunk: start + q_len positions.
+    let lens: Vec<usize> = chunks.iter().map(|&(start, ql)| start + ql).collect();
+    let paged = Paged::new(emu, kv, n_kv * hd, &lens, rng);
+    let (tables, max_blocks) = paged.block_tables();
+    let q_start: Vec<i32> = chunks
+        .iter()
+        .scan(0, |acc, &(_, ql)| {
+            let s = *acc;
+            *acc += ql as i32;
+            Some(s)
+        })
+        .collect();
+    let n_tokens: usize = chunks.iter().map(|c| c.1).sum();
+    let max_q = chunks.iter().map(|c| c.1).max().unwrap();
+    let q = rng.vec(n_tokens * n_heads * hd, 1.0);
+    let mut out = vec![0u8; n_tokens * n_heads * hd * 4];
+    emu.launch(
+        &names::attn_prefill(kv),
+        [
+            max_q.div_ceil(ATTN_PREFILL_QUERIES) as u32,
+            n_heads as u32,
+            chunks.len() as u32,
+        ],
+        [ATTN_PREFILL_THREADS, 1, 1],
+        &mut [
+            Arg::Buf(&mut f32_bytes(&q)),
+            Arg::Buf(&mut paged.k_cache.clone()),
+            Arg::Buf(&mut paged.v_cache.clone()),
+            Arg::Buf(&mut i32_bytes(&tables)),
+            Arg::I32(max_blocks as i32),
+            Arg::Buf(&mut i32_bytes(&q_start)),
+            Arg::Buf(&mut i32_bytes(
+                &chunks.iter().map(|c| c.1 as i32).collect::<Vec<_>>(),
+            )),
+            Arg::Buf(&mut i32_bytes(
+                &chunks.iter().map(|c| c.0 as i32).collect::<Vec<_>>(),
+            )),
+            Arg::Buf(&mut out),
+            Arg::I32(n_heads as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(hd as i32),
+            Arg::F32(1.0 / (hd as f32).sqrt()),
+        ],
+    )
+    .unwrap();
+    let got = bytes_f32(&out);
+    for (s, &(start, ql)) in chunks.iter().enumerate() {
+        for i in 0..ql {
+            let row = q_start[s] as usize + i;
+            for h in 0..n_heads {
+                let o = (row * n_heads + h) * hd;
+                let (want, mag) = paged.reference(s, h / group, hd, &q[o..o + hd], start + i);
+                let what = format!(
+                    "{} hd={hd} seq {s} query {i} head {h}",
+                    names::attn_prefill(kv)
+                );
+                assert_close(&what, &got[o..o + hd], &want, &mag, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_attention_is_causal_over_the_cached_prefix_and_the_chunk() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(16);
+    // (start position, chunk length): a fresh prompt over two query blocks, a short
+    // chunk after a prefix that ends mid-block, and a full block after a small prefix.
+    let chunks = [(0, 20), (37, 5), (3, 16)];
+    prefill_case(emu, KvType::F32, 64, &chunks, &mut rng);
+    prefill_case(emu, KvType::F16, 128, &chunks, &mut rng);
+}

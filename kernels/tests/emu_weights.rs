@@ -1,0 +1,398 @@
+//! The weight-reading kernels (embedding, dequantize, mat-vec) and the prefill GEMM, run
+//! on the CPU emulator (kernels/emu) and checked against sparkd's CPU reference:
+//! dequantization bit for bit, products to f32 rounding. Skips without a C++ compiler.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use sparkd::quant::{self, GgmlType};
+use sparkd_kernels::consts::{GEMM_THREADS, GEMM_TILE, MMV_ROWS_PER_BLOCK, MMV_THREADS};
+use sparkd_kernels::emu::Arg;
+use sparkd_kernels::names::{self, Half, WeightType, MMV_BATCHES};
+
+fn ggml(ty: WeightType) -> GgmlType {
+    GgmlType::from_id(ty.ggml_id()).expect("every kernel format is a ggml type")
+}
+
+/// A row length with more than one block (and, for the mat-vec, a partial last tile).
+fn cols_for(ty: WeightType) -> usize {
+    match ty.block_elems() {
+        256 => 768,
+        32 => 576,
+        _ => 520,
+    }
+}
+
+/// Random bytes in the block layout (every quant bit pattern), with finite scales.
+fn random_weights(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let t = ggml(ty);
+    let n = rows * cols;
+    let mut b = vec![0u8; t.bytes_for(n as u64).unwrap() as usize];
+    b.iter_mut().for_each(|x| *x = rng.next_u64() as u8);
+    let put = |b: &mut [u8], off: usize, v: f32| {
+        b[off..off + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+    };
+    match ty {
+        WeightType::F32 => {
+            let v = rng.vec(n, 2.0);
+            b.copy_from_slice(&f32_bytes(&v));
+        }
+        WeightType::F16 => (0..n).for_each(|i| put(&mut b, 2 * i, rng.f32() * 2.0)),
+        WeightType::BF16 => (0..n).for_each(|i| {
+            b[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(rng.f32() * 2.0).to_le_bytes())
+        }),
+        _ => {
+            let bb = t.block_bytes();
+            // Offsets of the f16 scales in each block (see kernels/quant.cuh).
+            let scales: &[usize] = match ty {
+                WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => &[0],
+                WeightType::Q6_K => &[208],
+                _ => &[0, 2],
+            };
+            for blk in b.chunks_exact_mut(bb) {
+                for &o in scales {
+                    put(blk, o, rng.f32() * 0.1);
+                }
+            }
+        }
+    }
+    b
+}
+
+fn reference_rows(ty: WeightType, w: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; rows * cols];
+    quant::dequantize(ggml(ty), w, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn embedding_rows_equal_the_cpu_dequantization_bit_for_bit() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(1);
+    for ty in WeightType::ALL {
+        let (vocab, cols) = (5, cols_for(ty));
+        let table = random_weights(ty, vocab, cols, &mut rng);
+        let want = reference_rows(ty, &table, vocab, cols);
+        let tokens = [3u32, 0, 4, 3, 9];
+        let mut t = table.clone();
+        let mut tok = u32_bytes(&tokens);
+        let mut out = vec![0u8; tokens.len() * cols * 4];
+        emu.launch(
+            &names::embed(ty),
+            [tokens.len() as u32, 1, 1],
+            [64, 1, 1],
+            &mut [
+                Arg::Buf(&mut t),
+                Arg::Buf(&mut tok),
+                Arg::Buf(&mut out),
+                Arg::I32(tokens.len() as i32),
+                Arg::I32(cols as i32),
+                Arg::I32(vocab as i32),
+            ],
+        )
+        .unwrap();
+        let got = bytes_f32(&out);
+        for (i, &tk) in tokens.iter().enumerate() {
+            let row = &got[i * cols..(i + 1) * cols];
+            if (tk as usize) < vocab {
+                let w = &want[tk as usize * cols..(tk as usize + 1) * cols];
+                for (j, (g, w)) in row.iter().zip(w).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{ty:?} token {tk} element {j}");
+                }
+            } else {
+                assert!(row.iter().all(|v| v.is_nan()), "{ty:?}: out-of-range token");
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantized_tiles_are_the_cpu_values_rounded_to_f16_and_bf16() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(2);
+    for ty in WeightType::ALL {
+        let (rows, cols) = (3, cols_for(ty));
+        let w = random_weights(ty, rows, cols, &mut rng);
+        let want = reference_rows(ty, &w, rows, cols);
+        for (half, grid) in [(Half::F16, 1u32), (Half::BF16, 4)] {
+            let mut wb = w.clone();
+            let mut out = vec![0u8; rows * cols * 2];
+            emu.launch(
+                &names::dequant(ty, half),
+                [grid, 1, 1],
+                [64, 1, 1],
+                &mut [
+                    Arg::Buf(&mut wb),
+                    Arg::Buf(&mut out),
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                ],
+            )
+            .unwrap();
+            for (i, (g, &v)) in bytes_u16(&out).iter().zip(&want).enumerate() {
+                let w = match half {
+                    Half::F16 => f16::from_f32(v).to_bits(),
+                    Half::BF16 => bf16::from_f32(v).to_bits(),
+                };
+                assert_eq!(*g, w, "{ty:?} {half:?} element {i} ({v})");
+            }
+        }
+    }
+}
+
+/// y = W x (+ bias) (+ y0) in f64, and the sum of |terms| per output for the tolerance.
+fn matvec_reference(
+    w: &[f32],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    nb: usize,
+    bias: Option<&[f32]>,
+    y0: Option<&[f32]>,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut y = vec![0.0; nb * rows];
+    let mut mag = vec![0.0; nb * rows];
+    for b in 0..nb {
+        for r in 0..rows {
+            let (mut s, mut m) = (0.0f64, 0.0f64);
+            for k in 0..cols {
+                let t = w[r * cols + k] as f64 * x[b * cols + k] as f64;
+                s += t;
+                m += t.abs();
+            }
+            if let Some(bias) = bias {
+                s += bias[r] as f64;
+                m += (bias[r] as f64).abs();
+            }
+            if let Some(y0) = y0 {
+                s += y0[b * rows + r] as f64;
+                m += (y0[b * rows + r] as f64).abs();
+            }
+            y[b * rows + r] = s;
+            mag[b * rows + r] = m;
+        }
+    }
+    (y, mag)
+}
+
+#[test]
+fn matvec_matches_the_dequantized_product_for_every_format_and_batch_variant() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(3);
+    let rows = 37; // not a multiple of the 16 rows a block covers
+    for (ti, ty) in WeightType::ALL.into_iter().enumerate() {
+        let cols = cols_for(ty);
+        let w = random_weights(ty, rows, cols, &mut rng);
+        let wf = reference_rows(ty, &w, rows, cols);
+        for nb_max in MMV_BATCHES {
+            // Fewer rows than the variant holds, except for b1, checks the masking.
+            let nb = if nb_max == 1 { 1 } else { nb_max - 1 };
+            let x = rng.vec(nb * cols, 1.0);
+            let bias = (ti % 2 == 0).then(|| rng.vec(rows, 1.0));
+            let y0 = (ti % 3 == 0).then(|| rng.vec(nb * rows, 1.0));
+            let (want, mag) =
+                matvec_reference(&wf, &x, rows, cols, nb, bias.as_deref(), y0.as_deref());
+            let mut wb = w.clone();
+            let mut xb = f32_bytes(&x);
+            let mut yb = y0
+                .as_deref()
+                .map(f32_bytes)
+                .unwrap_or_else(|| vec![0; nb * rows * 4]);
+            let mut bb = bias.as_deref().map(f32_bytes);
+            let bias_arg = match &mut bb {
+                Some(b) => Arg::Buf(b),
+                None => Arg::Null,
+            };
+            emu.launch(
+                &names::mmv(ty, nb_max),
+                [rows.div_ceil(MMV_ROWS_PER_BLOCK) as u32, 1, 1],
+                [MMV_THREADS, 1, 1],
+                &mut [
+                    Arg::Buf(&mut wb),
+                    Arg::Buf(&mut xb),
+                    Arg::Buf(&mut yb),
+                    bias_arg,
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                    Arg::I32(nb as i32),
+                    Arg::I32(y0.is_some() as i32),
+                ],
+            )
+            .unwrap();
+            let what = format!("{} nb={nb}", names::mmv(ty, nb_max));
+            assert_close(&what, &bytes_f32(&yb), &want, &mag, 1e-5);
+        }
+    }
+}
+
+/// Runs the f32 -> half conversion kernel.
+fn to_half(emu: &sparkd_kernels::emu::Emulator, v: &[f32], half: Half) -> Vec<u8> {
+    let mut inp = f32_bytes(v);
+    let mut out = vec![0u8; v.len() * 2];
+    emu.launch(
+        &names::convert_from_f32(half),
+        [2, 1, 1],
+        [256, 1, 1],
+        &mut [
+            Arg::Buf(&mut inp),
+            Arg::Buf(&mut out),
+            Arg::I64(v.len() as i64),
+        ],
+    )
+    .unwrap();
+    out
+}
+
+fn half_values(b: &[u8], half: Half) -> Vec<f32> {
+    bytes_u16(b)
+        .into_iter()
+        .map(|h| match half {
+            Half::F16 => f16::from_bits(h).to_f32(),
+            Half::BF16 => bf16::from_bits(h).to_f32(),
+        })
+        .collect()
+}
+
+#[test]
+fn tensor_core_gemm_matches_a_reference_product_with_bias_and_accumulate() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(4);
+    // m and n past one 128 tile, k not a multiple of the 32-wide k step.
+    let (m, n, k) = (GEMM_TILE + 2, GEMM_TILE + 8, 72);
+    for (half, with_bias, accumulate) in [(Half::F16, true, true), (Half::BF16, false, false)] {
+        let a = rng.vec(m * k, 2.0);
+        let b = rng.vec(n * k, 2.0);
+        let mut ah = to_half(emu, &a, half);
+        let mut bh = to_half(emu, &b, half);
+        // The conversion kernel rounds to nearest even, like the half crate.
+        let (av, bv) = (half_values(&ah, half), half_values(&bh, half));
+        for (i, (&x, &r)) in a.iter().zip(&av).enumerate().take(500) {
+            let want = match half {
+                Half::F16 => f16::from_f32(x).to_f32(),
+                Half::BF16 => bf16::from_f32(x).to_f32(),
+            };
+            assert_eq!(r.to_bits(), want.to_bits(), "conversion {i}");
+        }
+        let bias = rng.vec(n, 1.0);
+        let c0 = rng.vec(m * n, 1.0);
+        let mut want = vec![0.0f64; m * n];
+        let mut mag = vec![0.0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut g) = (0.0, 0.0);
+                for t in 0..k {
+                    let p = av[i * k + t] as f64 * bv[j * k + t] as f64;
+                    s += p;
+                    g += p.abs();
+                }
+                if with_bias {
+                    s += bias[j] as f64;
+                    g += (bias[j] as f64).abs();
+                }
+                if accumulate {
+                    s += c0[i * n + j] as f64;
+                    g += (c0[i * n + j] as f64).abs();
+                }
+                want[i * n + j] = s;
+                mag[i * n + j] = g;
+            }
+        }
+        let mut cb = if accumulate {
+            f32_bytes(&c0)
+        } else {
+            vec![0; m * n * 4]
+        };
+        let mut biasb = f32_bytes(&bias);
+        emu.launch(
+            &names::gemm(half),
+            [
+                n.div_ceil(GEMM_TILE) as u32,
+                m.div_ceil(GEMM_TILE) as u32,
+                1,
+            ],
+            [GEMM_THREADS, 1, 1],
+            &mut [
+                Arg::Buf(&mut ah),
+                Arg::Buf(&mut bh),
+                Arg::Buf(&mut cb),
+                if with_bias {
+                    Arg::Buf(&mut biasb)
+                } else {
+                    Arg::Null
+                },
+                Arg::I32(m as i32),
+                Arg::I32(n as i32),
+                Arg::I32(k as i32),
+                Arg::I32(accumulate as i32),
+            ],
+        )
+        .unwrap();
+        assert_close(&names::gemm(half), &bytes_f32(&cb), &want, &mag, 1e-5);
+    }
+}
+
+#[test]
+fn dequantize_then_gemm_equals_the_matvec_of_the_same_weights() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(5);
+    let ty = WeightType::Q4_K;
+    let (m, n, k) = (3, 20, 256);
+    let w = random_weights(ty, n, k, &mut rng);
+    let x = rng.vec(m * k, 1.0);
+    let mut wb = w.clone();
+    let mut wh = vec![0u8; n * k * 2];
+    emu.launch(
+        &names::dequant(ty, Half::F16),
+        [4, 1, 1],
+        [256, 1, 1],
+        &mut [
+            Arg::Buf(&mut wb),
+            Arg::Buf(&mut wh),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+        ],
+    )
+    .unwrap();
+    let mut xh = to_half(emu, &x, Half::F16);
+    let mut gemm_out = vec![0u8; m * n * 4];
+    emu.launch(
+        &names::gemm(Half::F16),
+        [1, 1, 1],
+        [GEMM_THREADS, 1, 1],
+        &mut [
+            Arg::Buf(&mut xh),
+            Arg::Buf(&mut wh),
+            Arg::Buf(&mut gemm_out),
+            Arg::Null,
+            Arg::I32(m as i32),
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(0),
+        ],
+    )
+    .unwrap();
+    let mut xb = f32_bytes(&x);
+    let mut mv_out = vec![0u8; m * n * 4];
+    emu.launch(
+        &names::mmv(ty, 4),
+        [n.div_ceil(MMV_ROWS_PER_BLOCK) as u32, 1, 1],
+        [MMV_THREADS, 1, 1],
+        &mut [
+            Arg::Buf(&mut w.clone()),
+            Arg::Buf(&mut xb),
+            Arg::Buf(&mut mv_out),
+            Arg::Null,
+            Arg::I32(n as i32),
+            Arg::I32(k as i32),
+            Arg::I32(m as i32),
+            Arg::I32(0),
+        ],
+    )
+    .unwrap();
+    let wf = reference_rows(ty, &w, n, k);
+    let (_, mag) = matvec_reference(&wf, &x, n, k, m, None, None);
+    let mv: Vec<f64> = bytes_f32(&mv_out).into_iter().map(f64::from).collect();
+    // f16 rounding of weights and activations: about 2^-11 relative per term.
+    assert_close("gemm vs mmv", &bytes_f32(&gemm_out), &mv, &mag, 2e-3);
+}

@@ -1,0 +1,159 @@
+//! Compiles every kernel module with NVRTC for Hopper (sm_90) and GB10 (sm_121) and
+//! fails on any error or diagnostic, then checks that the PTX defines exactly the kernels
+//! `names::all()` lists. Needs libnvrtc.so.13: set SPARKD_NVRTC_LIB (see
+//! scripts/install-cuda-wheels.sh, or run scripts/test-cuda-compile.sh) or put it on
+//! LD_LIBRARY_PATH. Without it the tests say so and pass, unless SPARKD_REQUIRE_NVRTC=1.
+
+use std::collections::BTreeSet;
+
+use sparkd_kernels::{load_nvrtc, names, Arch, Compiler, KernelError, PtxCache, SOURCES};
+
+const ARCHES: [&str; 2] = ["sm_90", "sm_121"];
+
+/// Whether NVRTC is usable; prints why not. An explicitly configured library that does
+/// not load is a failure, not a skip.
+fn nvrtc_or_skip() -> bool {
+    match load_nvrtc() {
+        Ok(v) => {
+            eprintln!("NVRTC {v}");
+            true
+        }
+        Err(e @ KernelError::NvrtcNotFound { .. }) => {
+            if std::env::var_os("SPARKD_REQUIRE_NVRTC").is_some_and(|v| v == "1") {
+                panic!("SPARKD_REQUIRE_NVRTC=1 but {e}");
+            }
+            eprintln!("skipping: NVRTC not found (run scripts/install-cuda-wheels.sh): {e}");
+            false
+        }
+        Err(e) => panic!("NVRTC is configured but unusable: {e}"),
+    }
+}
+
+#[test]
+fn every_module_compiles_cleanly_for_hopper_and_gb10() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let compiler = Compiler::new().without_cache();
+    let expected = names::all();
+    let mut failures = Vec::new();
+    for arch in ARCHES {
+        let arch: Arch = arch.parse().unwrap();
+        for (module, _) in SOURCES {
+            let started = std::time::Instant::now();
+            let compiled = match compiler.compile_module(module, arch) {
+                Ok(c) => c,
+                Err(e) => {
+                    failures.push(format!("{e}"));
+                    continue;
+                }
+            };
+            eprintln!(
+                "{module} for {arch}: {} kernels, {} bytes of PTX, {:.1?}",
+                compiled.ptx.entry_points().len(),
+                compiled.ptx.text().len(),
+                started.elapsed()
+            );
+            if !compiled.log.is_empty() {
+                failures.push(format!(
+                    "{module} for {arch} has diagnostics:\n{}",
+                    compiled.log
+                ));
+            }
+            let text = compiled.ptx.text();
+            if !text.lines().any(|l| l.trim() == format!(".target {arch}")) {
+                failures.push(format!("{module}: PTX does not target {arch}"));
+            }
+            let got: BTreeSet<&str> = compiled.ptx.entry_points().into_iter().collect();
+            let want: BTreeSet<&str> = expected
+                .iter()
+                .filter(|(m, _)| m == module)
+                .map(|(_, n)| n.as_str())
+                .collect();
+            if got != want {
+                failures.push(format!(
+                    "{module} for {arch}: kernels missing {:?}, unlisted {:?}",
+                    want.difference(&got).collect::<Vec<_>>(),
+                    got.difference(&want).collect::<Vec<_>>()
+                ));
+            }
+            // Register arrays that NVRTC could not keep in registers (dynamic indexing)
+            // become local-memory frames, far slower than the design assumes. RoPE's
+            // only frame is sincosf's argument reduction for angles past ~1e5 radians.
+            if text.contains(".local .align") && *module != "rope.cu" {
+                failures.push(format!("{module} for {arch}: PTX uses local memory"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn compiled_ptx_is_cached_and_reused() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sparkd-ptx-it-{}", std::process::id()));
+    let compiler = Compiler::new().with_cache(PtxCache::new(&dir));
+    let arch: Arch = "sm_121".parse().unwrap();
+    let first = compiler.compile_module("rope.cu", arch).unwrap();
+    let second = compiler.compile_module("rope.cu", arch).unwrap();
+    let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!first.from_cache);
+    assert!(second.from_cache);
+    assert_eq!(first.ptx, second.ptx);
+    assert_eq!(files, 1);
+}
+
+/// The `(kernel, stack frame bytes, spill store bytes)` triples of a ptxas `-v` report.
+fn ptxas_frames(report: &str) -> Vec<(String, u64, u64)> {
+    let mut out = Vec::new();
+    let mut kernel = String::new();
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            kernel = rest.split('\'').next().unwrap_or_default().to_string();
+        } else if line.contains("bytes stack frame") {
+            let nums: Vec<u64> = line
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|t| t.parse().ok())
+                .collect();
+            if let [frame, spill_st, _spill_ld, ..] = nums[..] {
+                out.push((kernel.clone(), frame, spill_st));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_kernel_spills_registers_on_hopper_or_gb10() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let compiler = Compiler::new().without_cache();
+    let mut failures = Vec::new();
+    for arch in ARCHES {
+        let arch: Arch = arch.parse().unwrap();
+        for (module, _) in SOURCES {
+            let report = compiler.ptxas_report(module, arch).unwrap();
+            let frames = ptxas_frames(&report);
+            let kernels = names::all().iter().filter(|(m, _)| m == module).count();
+            if frames.len() != kernels {
+                failures.push(format!(
+                    "{module} for {arch}: ptxas reported {} kernels, expected {kernels}:\n{report}",
+                    frames.len()
+                ));
+            }
+            for (kernel, frame, spills) in frames {
+                // See above: RoPE's frame is sincosf's slow path, not a spill.
+                if spills > 0 || (frame > 0 && module != &"rope.cu") {
+                    failures.push(format!(
+                        "{kernel} for {arch}: {frame} bytes stack frame, {spills} bytes spilled"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

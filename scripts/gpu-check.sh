@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# GPU acceptance check for a bare CUDA machine (NVIDIA driver with CUDA 13; no Rust, no
+# network): runs the release `sparkd` that sits next to this script (or $SPARKD) and
+# prints a short table.
+#
+#   1. parity: GPU against CPU on small synthetic models (every weight format on a tiny
+#      llama, the other architectures, and Llama-3-8B shapes with the Q4_K/Q6_K mix at
+#      one layer): `sparkd gpu-parity` must report a max relative logit error < 1e-2
+#      and 32 equal greedy tokens;
+#   2. benchmark on Llama-3-8B shapes (random weights): decode tok/s at batch 1, 8, 32,
+#      prefill tok/s at 512 and 2048 tokens, and decode GB/s against a measured
+#      device-to-device copy.
+#
+# What it expects from sparkd (subcommands of the CUDA backend):
+#   sparkd synth --out F [--preset tiny|llama3-8b] [--arch A] [--weight-type T] [--layers N]
+#     (exists today) writes a synthetic GGUF.
+#   sparkd gpu-parity --model F --steps 32
+#     prints ONE line of JSON, flat:
+#       {"model":"F","device":"NVIDIA GB10","steps":32,"max_rel_err":0.0003,
+#        "greedy_matched":32,"pass":true}
+#     max_rel_err = max over the compared rows of max|gpu - cpu| / max|cpu| (the prompt's
+#     last logits and each decode step; both backends are fed the CPU's greedy tokens so
+#     one flip does not cascade); greedy_matched = steps whose GPU argmax equals the
+#     CPU's. Exit 0 when max_rel_err < 1e-2 and greedy_matched == steps, 1 when not,
+#     anything else for errors (no GPU, unsupported model).
+#   sparkd bench --device cuda --model F --batches 1,8,32 --prefill 512,2048 --json
+#     prints JSON lines, one flat object per measurement:
+#       {"kind":"device","name":"NVIDIA GB10","sm":"sm_121","memory_bytes":128000000000}
+#       {"kind":"copy","gb_s":230.5}            device-to-device copy, (read+write)/time
+#       {"kind":"decode","batch":8,"tok_s":310.2,"gb_s":201.7}
+#                                               gb_s = bytes read per step (weights and
+#                                               KV) / step time
+#       {"kind":"prefill","tokens":512,"tok_s":4100.0}
+#
+# Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity]
+# Env: SPARKD (binary), SPARKD_GPU_CHECK_DIR (work dir, default ./gpu-check-work next to
+# this script; synthetic models are kept there and reused).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+SPARKD=${SPARKD:-$HERE/sparkd}
+WORK=${SPARKD_GPU_CHECK_DIR:-$HERE/gpu-check-work}
+DO_PARITY=1
+DO_BENCH=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --work) WORK=$2; shift 2 ;;
+    --skip-bench) DO_BENCH=0; shift ;;
+    --skip-parity) DO_PARITY=0; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+die() { echo "gpu-check: $*" >&2; exit 1; }
+# The value of "key" in a flat JSON object (numbers, booleans, strings without commas).
+field() { printf '%s\n' "$1" | sed -n "s/.*\"$2\": *\"\{0,1\}\([^,\"}]*\).*/\1/p" | head -n1; }
+
+[ -x "$SPARKD" ] || die "no sparkd binary at $SPARKD (set SPARKD=...)"
+mkdir -p "$WORK"
+LOG="$WORK/gpu-check.log"
+: > "$LOG"
+"$SPARKD" --help > "$WORK/help.txt" 2>&1 || true
+has_subcommand() { grep -qE "^  $1( |$)" "$WORK/help.txt"; }
+for sub in synth gpu-parity bench; do
+  has_subcommand "$sub" || die "this sparkd has no '$sub' subcommand (built without the CUDA backend?)"
+done
+
+echo "== sparkd GPU check"
+echo "sparkd:  $("$SPARKD" --version 2>/dev/null || echo unknown) ($SPARKD)"
+if command -v nvidia-smi > /dev/null; then
+  echo "device:  $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n1)"
+fi
+echo "work:    $WORK (log: $LOG)"
+
+# Writes a synthetic model once; later runs reuse it.
+synth() {
+  local out="$WORK/$1.gguf"; shift
+  if [ ! -s "$out" ]; then
+    "$SPARKD" synth --out "$out.tmp" "$@" >> "$LOG" 2>&1 || die "sparkd synth $* failed (see $LOG)"
+    mv "$out.tmp" "$out"
+  fi
+  printf '%s' "$out"
+}
+
+failures=0
+if [ "$DO_PARITY" = 1 ]; then
+  models=()
+  for t in Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 F16 BF16; do
+    models+=("$(synth "tiny-llama-$t" --preset tiny --arch llama --weight-type "$t")")
+  done
+  models+=("$(synth tiny-qwen2 --preset tiny --arch qwen2)")
+  models+=("$(synth tiny-qwen3 --preset tiny --arch qwen3)")
+  # K-quants need rows of 256: real 8B shapes, one layer.
+  models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
+  echo
+  echo "parity: GPU vs CPU logits (max rel err < 1e-2), 32 greedy steps"
+  printf '  %-24s %12s %8s  %s\n' model "max rel err" greedy result
+  for m in "${models[@]}"; do
+    name=$(basename "$m" .gguf)
+    set +e
+    line=$(timeout 900 "$SPARKD" gpu-parity --model "$m" --steps 32 2>> "$LOG" | tail -n1)
+    rc=$?
+    set -e
+    err=$(field "$line" max_rel_err)
+    matched=$(field "$line" greedy_matched)
+    steps=$(field "$line" steps)
+    case $rc in
+      0) verdict=ok ;;
+      1) verdict=FAIL; failures=$((failures + 1)) ;;
+      124) verdict="ERROR (timed out)"; failures=$((failures + 1)) ;;
+      *) verdict="ERROR (exit $rc, see log)"; failures=$((failures + 1)) ;;
+    esac
+    printf '  %-24s %12s %8s  %s\n' "$name" "${err:--}" "${matched:--}/${steps:--}" "$verdict"
+  done
+fi
+
+if [ "$DO_BENCH" = 1 ]; then
+  avail_kb=$(df -Pk "$WORK" | awk 'NR == 2 {print $4}')
+  [ "${avail_kb:-0}" -gt 8000000 ] || [ -s "$WORK/llama3-8b.gguf" ] \
+    || die "need ~8 GB free in $WORK for the Llama-3-8B-shaped model"
+  m=$(synth llama3-8b --preset llama3-8b)
+  echo
+  echo "benchmark: $(basename "$m") (Llama-3-8B shapes, Q4_K/Q6_K mix, random weights)"
+  set +e
+  timeout 1800 "$SPARKD" bench --device cuda --model "$m" --batches 1,8,32 \
+    --prefill 512,2048 --json > "$WORK/bench.jsonl" 2>> "$LOG"
+  rc=$?
+  set -e
+  [ $rc = 0 ] || { echo "  bench failed (exit $rc, see $LOG)"; failures=$((failures + 1)); }
+  copy=""
+  while IFS= read -r line; do
+    case "$(field "$line" kind)" in
+      device) echo "  device   $(field "$line" name) ($(field "$line" sm))" ;;
+      copy) copy=$(field "$line" gb_s)
+            printf '  %-22s %10s %10.1f GB/s\n' "device copy" "" "$copy" ;;
+    esac
+  done < "$WORK/bench.jsonl"
+  while IFS= read -r line; do
+    case "$(field "$line" kind)" in
+      decode)
+        gb=$(field "$line" gb_s)
+        pct=$(awk -v g="$gb" -v c="${copy:-0}" 'BEGIN { if (c > 0) printf "(%.0f%% of copy)", 100 * g / c }')
+        printf '  %-22s %10.1f tok/s %7.1f GB/s %s\n' "decode batch $(field "$line" batch)" \
+          "$(field "$line" tok_s)" "$gb" "$pct" ;;
+      prefill)
+        printf '  %-22s %10.1f tok/s\n' "prefill $(field "$line" tokens)" "$(field "$line" tok_s)" ;;
+    esac
+  done < "$WORK/bench.jsonl"
+fi
+
+echo
+if [ "$failures" -gt 0 ]; then
+  echo "gpu-check: $failures check(s) failed"
+  exit 1
+fi
+echo "gpu-check: all checks passed"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# CI check of the CUDA kernels without a GPU: installs NVRTC 13.0 from PyPI wheels (once,
+# cached) and runs the sparkd-kernels tests with it, which compile every kernel module
+# for sm_90 and sm_121, require an empty NVRTC log, check the kernel list, and require
+# ptxas to report no register spills; the same run executes the kernels on the CPU
+# emulator (kernels/emu) against CPU references. Fails (rather than skips) if NVRTC
+# cannot load.
+# Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+eval "$(scripts/install-cuda-wheels.sh)"
+export SPARKD_NVRTC_LIB SPARKD_CUDA_INCLUDE
+export SPARKD_REQUIRE_NVRTC=1
+cargo test -p sparkd-kernels "$@"
