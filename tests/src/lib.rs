@@ -288,7 +288,8 @@ fn listen_address(log: &str) -> Option<SocketAddr> {
     rest.split_whitespace().next()?.parse().ok()
 }
 
-fn strip_ansi(s: &str) -> String {
+/// `s` without terminal colour codes (the daemon colours its log even into a file).
+pub fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {

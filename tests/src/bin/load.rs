@@ -25,9 +25,10 @@ use sparkd_e2e::{tiny_model, Daemon, Shim};
     name = "sparkd-load",
     about = "Load and soak harness for sparkd: concurrent clients, random requests, cancels and hang-ups, then accounting checks",
     after_help = "Memory: the daemon's idle resident memory after each round is compared with its \
-                  idle level after a warm-up round at the same concurrency. The first burst grows \
-                  the allocator's arenas and the engine's buffers to their high-water mark, and \
-                  they keep it for reuse; a leak shows as growth past that level. Only growth \
+                  idle level after warm-up rounds at the same concurrency. The first bursts grow \
+                  the allocator's arenas and the engine's buffers to their high-water mark (on \
+                  the synthetic model that takes about two rounds), and they keep it for reuse; \
+                  a leak shows as growth past that level, round after round. Only growth \
                   beyond the tolerance fails. The daemon this harness starts keeps exactly \
                   --requests jobs, so its jobs list is full (steady) from the first warm-up on."
 )]
@@ -46,7 +47,7 @@ struct Args {
     duration: Option<f64>,
     /// Warm-up rounds (of --requests each) before the memory baseline is taken (0: no
     /// memory check).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 2)]
     warmup_rounds: usize,
     /// RNG seed for the requests.
     #[arg(long, default_value_t = 1)]

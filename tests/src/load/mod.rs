@@ -9,7 +9,7 @@
 //! idle level after a warm-up run at the same concurrency shows growth that the later
 //! requests themselves leave behind, which is what a leak looks like.
 
-mod conn;
+pub mod conn;
 pub mod plan;
 pub mod report;
 pub mod shim;
@@ -57,7 +57,7 @@ impl Default for LoadOptions {
             requests: 1000,
             shape: PlanShape::default(),
             seed: 1,
-            warmup_rounds: 1,
+            warmup_rounds: 2,
             duration: None,
             frame_timeout: Duration::from_secs(120),
             memory_tolerance: 0.05,
