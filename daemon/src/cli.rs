@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// Seconds running generations get to finish on SIGTERM [default: 30].
     #[arg(long)]
     pub shutdown_grace: Option<f64>,
+    /// Seconds a client may take no bytes while its events wait before its generations
+    /// are cancelled and its connection closed [default: 30].
+    #[arg(long)]
+    pub stall_timeout: Option<f64>,
     /// Users allowed to connect besides root and the daemon's user (repeatable).
     #[arg(long = "allow-uid")]
     pub allowed_uids: Option<Vec<u32>>,
@@ -130,6 +134,7 @@ impl ServeArgs {
             max_frame_bytes: self.max_frame_bytes.or(file.max_frame_bytes),
             keep_jobs: self.keep_jobs.or(file.keep_jobs),
             shutdown_grace: self.shutdown_grace.or(file.shutdown_grace),
+            stall_timeout: self.stall_timeout.or(file.stall_timeout),
             allowed_uids: self.allowed_uids.or(file.allowed_uids),
             allowed_gids: self.allowed_gids.or(file.allowed_gids),
             no_pull: self.no_pull || file.no_pull,

@@ -71,6 +71,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| sparkd_group().into_iter().collect()),
     );
+    if let Some(secs) = args.stall_timeout {
+        server_cfg.stall_timeout = Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .with_context(|| {
+                format!("--stall-timeout {secs}: expected a positive number of seconds")
+            })?;
+    }
     // Connections outlive the engine's grace a little, so every stream's final `Done`
     // (sent when the grace ends) still reaches its client.
     server_cfg.shutdown_grace = grace + Duration::from_secs(5);

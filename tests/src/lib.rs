@@ -1,17 +1,27 @@
-//! Helpers shared by the end-to-end tests: the built binaries, a synthetic model, and a
-//! real `sparkd` process on a temporary socket that is killed when the test ends.
+//! Helpers shared by the end-to-end tests: the built binaries, a synthetic model, a real
+//! `sparkd` process on a temporary socket that is killed when the test ends, a real
+//! `spark serve-openai` in front of it, and the load harness (`load`).
 
+pub mod load;
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Folder of the built binaries (`target/<profile>`), found from the test executable
-/// (`target/<profile>/deps/<test>`). `scripts/test.sh` builds them before the tests.
+/// Folder of the built binaries (`target/<profile>`), found from the running executable:
+/// a test (`target/<profile>/deps/<test>`) or a binary of this crate such as the load
+/// harness (`target/<profile>/sparkd-load`). `scripts/test.sh` builds them first.
 pub fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps folder");
-    deps.parent().expect("profile folder").to_path_buf()
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable folder");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("profile folder").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -81,6 +91,14 @@ pub struct Daemon {
     pub socket: PathBuf,
     pub dir: TempDir,
     pub log: PathBuf,
+    /// How it was started, for [`Daemon::restart`].
+    launch: Launch,
+}
+
+struct Launch {
+    model: PathBuf,
+    extra: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Daemon {
@@ -93,31 +111,33 @@ impl Daemon {
         let dir = TempDir::new("d");
         let socket = dir.path().join("s.sock");
         let log = dir.path().join("sparkd.log");
-        let log_file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(bin("sparkd"));
-        cmd.arg("serve")
-            .arg("--model")
-            .arg(model)
-            .arg("--socket")
-            .arg(&socket)
-            .args(["--threads", "2", "--kv-tokens", "4096"])
-            .args(extra)
-            .env_remove("SPARKD_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn sparkd");
+        let launch = Launch {
+            model: model.to_path_buf(),
+            extra: extra.iter().map(OsString::from).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect(),
+        };
+        let child = spawn_sparkd(&launch, &socket, &log);
         let mut d = Daemon {
             child,
             socket,
             dir,
             log,
+            launch,
         };
         d.wait_ready(Duration::from_secs(60));
         d
+    }
+
+    /// Starts a new daemon with the same flags on the same socket path (after this one
+    /// ended, e.g. was killed) and waits until it answers. Its log goes on in `log`.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_sparkd(&self.launch, &self.socket, &self.log);
+        self.wait_ready(Duration::from_secs(60));
     }
 
     fn wait_ready(&mut self, limit: Duration) {
@@ -159,9 +179,150 @@ impl Daemon {
     }
 }
 
+fn spawn_sparkd(launch: &Launch, socket: &Path, log: &Path) -> Child {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    let mut cmd = Command::new(bin("sparkd"));
+    cmd.arg("serve")
+        .arg("--model")
+        .arg(&launch.model)
+        .arg("--socket")
+        .arg(socket)
+        .args(["--threads", "2", "--kv-tokens", "4096"])
+        .args(&launch.extra)
+        .env_remove("SPARKD_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file);
+    for (k, v) in &launch.env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn sparkd")
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A running `spark serve-openai` on an ephemeral loopback port, in front of a daemon.
+pub struct Shim {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+    _dir: TempDir,
+}
+
+impl Shim {
+    /// Starts the shim for the daemon on `socket` and waits until it listens.
+    pub fn start(socket: &Path, env: &[(&str, &str)]) -> Shim {
+        let dir = TempDir::new("shim");
+        let log = dir.path().join("shim.log");
+        let log_file = std::fs::File::create(&log).expect("shim log file");
+        let mut cmd = Command::new(bin("spark"));
+        cmd.arg("--socket")
+            .arg(socket)
+            .args(["serve-openai", "--listen", "127.0.0.1:0"])
+            .env_remove("SPARKD_API_KEY")
+            .env("SPARKD_NO_AUTOSTART", "1")
+            // Plain log lines, so the listen address can be read from them.
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn spark serve-openai");
+        let start = Instant::now();
+        let addr = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(addr) = listen_address(&text) {
+                break addr;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("spark serve-openai exited early with {status}: {text}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "spark serve-openai did not report its address: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Shim {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// `http://127.0.0.1:<port><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Shim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The address in the shim's `serving the OpenAI API listen=<addr>` line, with any
+/// terminal colour codes stripped.
+fn listen_address(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|l| l.contains("serving the OpenAI API"))?;
+    let plain = strip_ansi(line);
+    let rest = &plain[plain.find("listen=")? + "listen=".len()..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// `s` without terminal colour codes (the daemon colours its log even into a file).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC '[' parameters, ending with a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_address_is_read_with_or_without_colours() {
+        let plain = "2025-01-01T00:00:00Z  INFO spark_client::openai: serving the OpenAI API listen=127.0.0.1:4321 socket=/tmp/s";
+        assert_eq!(
+            listen_address(plain),
+            Some("127.0.0.1:4321".parse().unwrap())
+        );
+        let coloured = "\u{1b}[32m INFO\u{1b}[0m serving the OpenAI API \u{1b}[3mlisten\u{1b}[0m\u{1b}[2m=\u{1b}[0m127.0.0.1:99 x";
+        assert_eq!(
+            listen_address(coloured),
+            Some("127.0.0.1:99".parse().unwrap())
+        );
+        assert_eq!(listen_address("nothing here"), None);
     }
 }

@@ -17,6 +17,11 @@ use super::scheduler::{plan_step, Pending};
 use super::sequence::Sequence;
 use super::ConnId;
 
+/// Test hook: `SPARKD_FAULT_FAIL_STEP=<n>` makes the engine's n-th forward step (counting
+/// from 1) fail as if the backend had, so that tests can check what clients see when the
+/// engine fails. Read once when the engine starts; unset, it costs one comparison a step.
+pub const FAULT_FAIL_STEP_ENV: &str = "SPARKD_FAULT_FAIL_STEP";
+
 /// How often an idle engine loop still goes round, so that the systemd watchdog (which
 /// checks the loop's heartbeat) sees it alive; cheap at 10 wake-ups a second.
 const IDLE_HEARTBEAT: Duration = Duration::from_millis(100);
@@ -55,6 +60,38 @@ pub struct EngineCore {
     shutdown: Option<Instant>,
     /// Requests accepted by the handle and not yet retired (the handle's busy check).
     in_flight: Arc<AtomicUsize>,
+    fault: FaultHook,
+}
+
+/// The `SPARKD_FAULT_FAIL_STEP` test hook's state.
+#[derive(Debug, Default)]
+struct FaultHook {
+    fail_step: Option<u64>,
+    steps: u64,
+}
+
+impl FaultHook {
+    fn from_env() -> Self {
+        let fail_step = std::env::var(FAULT_FAIL_STEP_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(n) = fail_step {
+            tracing::warn!(
+                step = n,
+                "test hook {FAULT_FAIL_STEP_ENV} set: forward step {n} will fail"
+            );
+        }
+        Self {
+            fail_step,
+            steps: 0,
+        }
+    }
+
+    /// Counts a forward step; true for the one that is to fail.
+    fn step_fails(&mut self) -> bool {
+        self.steps += 1;
+        self.fail_step == Some(self.steps)
+    }
 }
 
 /// Everything the engine thread owns besides its queues.
@@ -92,6 +129,7 @@ impl EngineCore {
             shared,
             shutdown: None,
             in_flight,
+            fault: FaultHook::from_env(),
         }
     }
 
@@ -228,8 +266,14 @@ impl EngineCore {
                 want_logits: s.n_cached + n == s.tokens.len(),
             })
             .collect();
-        let result = self.model.forward(&batch, &mut self.kv, &mut self.ws);
+        let mut result = self
+            .model
+            .forward(&batch, &mut self.kv, &mut self.ws)
+            .map_err(|e| e.to_string());
         drop(batch);
+        if self.fault.step_fails() {
+            result = Err(format!("injected failure ({FAULT_FAIL_STEP_ENV})"));
+        }
         let elapsed = match result {
             Ok(d) => d,
             Err(e) => {

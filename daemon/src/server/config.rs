@@ -23,11 +23,20 @@ pub struct ServerConfig {
     /// After shutdown is requested, how long connections may keep streaming before they
     /// are dropped.
     pub shutdown_grace: Duration,
+    /// A client that takes no bytes for this long while events wait for it is cut off:
+    /// its generations are cancelled and the connection closed.
+    pub stall_timeout: Duration,
+    /// Events waiting for a client whose socket is full, past which it is cut off at
+    /// once. Token events are small (one token's text and at most 20 alternatives), so
+    /// this bounds what a stalled client holds to a few megabytes.
+    pub max_backlog_frames: usize,
 }
 
 impl ServerConfig {
     pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
     pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+    pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const DEFAULT_MAX_BACKLOG_FRAMES: usize = 4096;
 
     /// The defaults for everything but the socket path.
     pub fn new(socket_path: impl Into<PathBuf>) -> Self {
@@ -40,6 +49,8 @@ impl ServerConfig {
             allowed_gids: None,
             handshake_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
+            stall_timeout: Self::DEFAULT_STALL_TIMEOUT,
+            max_backlog_frames: Self::DEFAULT_MAX_BACKLOG_FRAMES,
         }
     }
 }

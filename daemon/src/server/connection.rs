@@ -1,5 +1,10 @@
 //! One client connection: the handshake, then a loop that reads requests, hands them to
 //! the engine, and writes the events and replies that come back, at the client's pace.
+//!
+//! A client that stops reading is cut off: once it has taken no bytes for the stall
+//! timeout, or once more than `max_backlog_frames` events wait for it while a write is
+//! blocked, its generations are cancelled and the connection is closed. The engine never
+//! waits for a client, so that backlog is what bounds the memory a stalled client holds.
 
 use std::{
     collections::HashSet,
@@ -8,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use spark_client::{
     codec::{CodecError, MessageCodec},
     protocol::{
@@ -23,15 +28,18 @@ use tokio::{
 use tokio_util::{codec::Framed, sync::CancellationToken};
 
 use super::peercred::{self, Access};
+use super::stall::{is_stall, StallGuard};
 use crate::engine::{ClientInfo, ConnId, Engine, Submission};
 
-type ServerFramed = Framed<UnixStream, MessageCodec<ClientMessage, ServerMessage>>;
+type ServerFramed = Framed<StallGuard<UnixStream>, MessageCodec<ClientMessage, ServerMessage>>;
 
 /// How long the last frame before a close (an error) may take to write: the client may
 /// not be reading, and the connection ends either way.
 const FINAL_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Frames written between flushes; bounded so that reading is not starved.
 const MAX_WRITE_BATCH: usize = 256;
+/// How often the backlog is looked at while a write is blocked.
+const BACKLOG_CHECK: Duration = Duration::from_millis(50);
 
 /// What every connection needs from the server.
 pub(crate) struct Shared {
@@ -39,6 +47,10 @@ pub(crate) struct Shared {
     pub max_frame_bytes: usize,
     pub handshake_timeout: Duration,
     pub allow: Access,
+    /// A client that takes no bytes for this long is cut off.
+    pub stall_timeout: Duration,
+    /// Events waiting for a client whose write is blocked, past which it is cut off.
+    pub max_backlog_frames: usize,
 }
 
 /// Why a connection ended, for the log.
@@ -50,6 +62,29 @@ enum End {
     Refused(ErrorKind),
     /// Shutdown, after the last generation finished.
     Shutdown,
+    /// The client stopped reading; see [`WriteError`].
+    Stalled,
+}
+
+/// Why writing to the client failed.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// The connection broke (or the client took no bytes for the stall timeout: an
+    /// `Io` error that [`is_stall`] recognises).
+    #[error(transparent)]
+    Codec(CodecError),
+    #[error("{0} events waiting while the client's socket is full")]
+    Backlog(usize),
+}
+
+impl WriteError {
+    fn is_stall(&self) -> bool {
+        match self {
+            WriteError::Backlog(_) => true,
+            WriteError::Codec(CodecError::Io(e)) => is_stall(e),
+            WriteError::Codec(_) => false,
+        }
+    }
 }
 
 /// Serves one accepted connection to its end.
@@ -60,6 +95,7 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
 ) {
     let client = peercred::client_info(&stream);
+    let stream = StallGuard::new(stream, shared.stall_timeout);
     let mut framed = Framed::new(stream, MessageCodec::new(shared.max_frame_bytes));
 
     if !shared.allow.permits(&client) {
@@ -105,6 +141,7 @@ pub(crate) async fn run(
         running: HashSet::new(),
         draining: false,
         generations: 0,
+        max_backlog_frames: shared.max_backlog_frames,
     };
     let end = connection.serve(&mut framed, &shutdown).await;
     if !connection.running.is_empty() {
@@ -195,6 +232,7 @@ struct Connection {
     /// Shutdown was requested: no new generations; close once `running` is empty.
     draining: bool,
     generations: u64,
+    max_backlog_frames: usize,
 }
 
 impl Connection {
@@ -211,8 +249,19 @@ impl Connection {
             tokio::select! {
                 // Never `None`: this connection holds a sender itself.
                 Some(event) = self.events_rx.recv() => {
-                    if self.write_events(framed, event).await.is_err() {
-                        return End::Disconnected;
+                    match self.write_events(framed, event).await {
+                        Ok(()) => {}
+                        Err(err) if err.is_stall() => {
+                            tracing::warn!(
+                                conn = self.conn,
+                                uid = ?self.client.uid,
+                                reason = %err,
+                                running = self.running.len(),
+                                "client stopped reading: cancelling its generations and closing"
+                            );
+                            return End::Stalled;
+                        }
+                        Err(_) => return End::Disconnected,
                     }
                 }
                 frame = framed.next() => match frame {
@@ -345,27 +394,49 @@ impl Connection {
         let _ = self.events_tx.send(message);
     }
 
-    /// Writes `first` and whatever else is queued, then flushes once.
+    /// Writes `first` and whatever else is queued, then flushes once. While the write
+    /// is blocked on a client that is not reading, the backlog behind it is watched.
     async fn write_events(
         &mut self,
         framed: &mut ServerFramed,
         first: ServerMessage,
-    ) -> Result<(), CodecError> {
-        let mut next = Some(first);
-        let mut written = 0;
-        while let Some(message) = next {
-            if let ServerMessage::Done(done) = &message {
+    ) -> Result<(), WriteError> {
+        let mut batch = vec![first];
+        while batch.len() < MAX_WRITE_BATCH {
+            match self.events_rx.try_recv() {
+                Ok(message) => batch.push(message),
+                Err(_) => break,
+            }
+        }
+        for message in &batch {
+            if let ServerMessage::Done(done) = message {
                 self.running.remove(&done.id);
             }
-            framed.feed(message).await?;
-            written += 1;
-            next = if written < MAX_WRITE_BATCH {
-                self.events_rx.try_recv().ok()
-            } else {
-                None
-            };
         }
-        framed.flush().await
+        let write = async move {
+            for message in batch {
+                framed.feed(message).await?;
+            }
+            framed.flush().await
+        };
+        let mut write = std::pin::pin!(write);
+        // Nearly every write completes at once: no timer for those.
+        if let Some(result) = (&mut write).now_or_never() {
+            return result.map_err(WriteError::Codec);
+        }
+        let mut check = tokio::time::interval(BACKLOG_CHECK);
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut write => return result.map_err(WriteError::Codec),
+                _ = check.tick() => {
+                    let backlog = self.events_rx.len();
+                    if backlog > self.max_backlog_frames {
+                        return Err(WriteError::Backlog(backlog));
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -17,6 +17,7 @@ mod error;
 mod listener;
 mod peercred;
 mod serve;
+mod stall;
 
 #[cfg(test)]
 mod tests;

@@ -73,6 +73,8 @@ async fn run(
         max_frame_bytes: config.max_frame_bytes,
         handshake_timeout: config.handshake_timeout,
         allow,
+        stall_timeout: config.stall_timeout,
+        max_backlog_frames: config.max_backlog_frames,
     });
     // Taken before `accept`, so that past the limit clients wait in the kernel's backlog
     // instead of costing us a task and a file descriptor each.

@@ -4,6 +4,7 @@
 mod fake_engine;
 mod lifecycle;
 mod raw;
+mod stall;
 mod via_client;
 
 use std::{
