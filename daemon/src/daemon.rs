@@ -33,6 +33,26 @@ pub fn init_logging() {
     let _ = result;
 }
 
+/// The longest duration a flag takes: more would overflow clock arithmetic (an `Instant`
+/// plus an unbounded duration panics).
+const MAX_FLAG_SECS: f64 = 365.0 * 86_400.0;
+
+/// A flag given in seconds as a duration, refused unless it is a number of seconds from
+/// 0 (or just above, when zero makes no sense) up to a year.
+fn seconds_flag(flag: &str, secs: f64, zero_allowed: bool) -> anyhow::Result<Duration> {
+    let lowest_ok = if zero_allowed {
+        secs >= 0.0
+    } else {
+        secs > 0.0
+    };
+    anyhow::ensure!(
+        lowest_ok && secs <= MAX_FLAG_SECS,
+        "{flag} {secs}: expected a number of seconds {} up to {MAX_FLAG_SECS}",
+        if zero_allowed { "from 0" } else { "above 0" }
+    );
+    Ok(Duration::from_secs_f64(secs))
+}
+
 /// The name clients use for the model: the known name, or the file's stem for a path.
 fn model_name(arg: &str, path: &Path) -> String {
     if Path::new(arg).is_file() {
@@ -60,7 +80,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| DEFAULT_MODEL.to_string());
     let socket_path = spark_client::resolve_socket_path(args.socket.as_deref());
-    let grace = Duration::from_secs_f64(args.shutdown_grace.unwrap_or(30.0).max(0.0));
+    let grace = seconds_flag(
+        "--shutdown-grace",
+        args.shutdown_grace.unwrap_or(30.0),
+        true,
+    )?;
     let mut server_cfg = ServerConfig::new(socket_path.clone());
     server_cfg.max_frame_bytes = args.max_frame_bytes.unwrap_or(server_cfg.max_frame_bytes);
     // Who may connect besides root and the daemon's own user (always allowed): the

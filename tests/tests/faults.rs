@@ -361,7 +361,7 @@ async fn a_daemon_killed_mid_stream_gives_disconnected_and_a_restart_serves_agai
 
 /// Runs `sparkd serve` on `model` until it exits (at most a minute); returns its exit
 /// status, its stderr and whether it left its socket file behind.
-fn serve_once(model: &std::path::Path) -> (std::process::ExitStatus, String, bool) {
+fn serve_once(model: &std::path::Path, extra: &[&str]) -> (std::process::ExitStatus, String, bool) {
     let dir = TempDir::new("bad");
     let socket = dir.path().join("s.sock");
     let log = dir.path().join("err.log");
@@ -372,6 +372,7 @@ fn serve_once(model: &std::path::Path) -> (std::process::ExitStatus, String, boo
         .arg("--socket")
         .arg(&socket)
         .args(["--no-pull", "--threads", "1"])
+        .args(extra)
         .env_remove("SPARKD_SOCKET")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
@@ -429,7 +430,7 @@ fn model_files_that_cannot_be_loaded_fail_at_start_with_a_clear_error() {
         eprintln!("skipping the unreadable-file case: root reads any file");
     }
     for (what, path) in cases {
-        let (status, stderr, socket_left) = serve_once(&path);
+        let (status, stderr, socket_left) = serve_once(&path, &[]);
         assert!(!status.success(), "{what}: exited 0\n{stderr}");
         // 101 is Rust's exit code for a panic.
         assert_eq!(status.code(), Some(1), "{what}: {status}\n{stderr}");
@@ -441,5 +442,30 @@ fn model_files_that_cannot_be_loaded_fail_at_start_with_a_clear_error() {
         println!("{what}: {message}");
         assert!(message.len() > "sparkd: ".len() + 10, "{what}: {message}");
         assert!(!socket_left, "{what}: the socket file was left behind");
+    }
+}
+
+#[test]
+fn durations_out_of_range_are_refused_at_start_without_a_panic() {
+    // `--shutdown-grace inf` used to panic in `Duration::from_secs_f64`.
+    for flag in [
+        "--shutdown-grace=inf",
+        "--shutdown-grace=1e300",
+        "--shutdown-grace=-1",
+        "--shutdown-grace=NaN",
+        "--stall-timeout=0",
+        "--stall-timeout=inf",
+        "--stall-timeout=-5",
+    ] {
+        let (status, stderr, _) = serve_once(&tiny_model(), &[flag]);
+        assert_eq!(status.code(), Some(1), "{flag}: {status}\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{flag}:\n{stderr}");
+        let name = flag.split('=').next().unwrap_or(flag);
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with("sparkd: ") && l.contains(name)),
+            "{flag}:\n{stderr}"
+        );
     }
 }

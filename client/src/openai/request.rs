@@ -451,3 +451,7 @@ fn stop_strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
 #[cfg(test)]
 #[path = "request_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "request_fuzz_tests.rs"]
+mod fuzz_tests;

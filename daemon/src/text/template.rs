@@ -306,3 +306,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "template_injection_tests.rs"]
+mod injection_tests;

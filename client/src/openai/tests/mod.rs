@@ -2,6 +2,7 @@
 
 mod daemon;
 mod fake;
+mod fuzz;
 mod generation;
 mod misc;
 
