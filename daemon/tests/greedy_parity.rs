@@ -6,8 +6,9 @@
 //! prompts): there, float summation order alone decides, in llama.cpp too (its batched
 //! and incremental paths disagree on some of them). So the checks are:
 //! - teacher-forced over all 32 steps of llama.cpp's trajectory: the same argmax at
-//!   every step whose margin is clear, one of llama.cpp's top two at a near-tie, and
-//!   llama.cpp's token's logprob within a tight tolerance everywhere;
+//!   every step whose margin is clear; at a near-tie, llama.cpp's token within the
+//!   near-tie margin of our own top choice; and llama.cpp's token's logprob within a
+//!   tight tolerance everywhere;
 //! - free-running: the same greedy tokens up to the first near-tie.
 
 use std::path::PathBuf;
@@ -131,17 +132,21 @@ fn greedy_decoding_follows_llama_cpp() {
             let logits = &*logits;
             let got = argmax(logits);
             ours.push(got);
-            let [(id1, lp1), (id2, lp2)] = case.top2[step];
+            let [(id1, lp1), (_, lp2)] = case.top2[step];
             assert_eq!(id1, want, "fixture is self-consistent");
+            // How far llama.cpp's token is below our own top choice, in our distribution.
+            let our_gap = log_softmax_at(logits, got) - log_softmax_at(logits, want);
             let err = (lp_ours - lp1).abs();
             worst_err = worst_err.max(err);
             sum_err += err;
             steps += 1;
             if got == want {
                 exact += 1;
-            } else if !(lp1 - lp2 < NEAR_TIE && got == id2) {
+            } else if !(lp1 - lp2 < NEAR_TIE && our_gap < NEAR_TIE) {
+                // A different choice is only acceptable where both engines see a near-tie:
+                // llama.cpp's margin is small and its token is within it of our top.
                 failures.push(format!(
-                    "case {ci} step {step}: chose {got}, llama.cpp {want} (margin {:.3})",
+                    "case {ci} step {step}: chose {got}, llama.cpp {want} (its margin {:.3}, ours {our_gap:.3})",
                     lp1 - lp2
                 ));
             }
