@@ -82,11 +82,7 @@ async fn forward_or_pass(
         }
     };
     let target = match requested_model(&bytes) {
-        Some(model) => proxy
-            .registry
-            .route(&proxy.http, &model)
-            .await
-            .map(|u| (u, model)),
+        Some(model) => upstream_for(proxy, &model).await.map(|u| (u, model)),
         None => None,
     };
     match target {
@@ -96,6 +92,22 @@ async fn forward_or_pass(
                 .await
         }
     }
+}
+
+/// The upstream serving `model`, if any. A miss may re-read the upstreams' lists, but
+/// not for sparkd's own model: its requests must not wait on other engines.
+async fn upstream_for<'a>(proxy: &'a Proxy, model: &str) -> Option<&'a Upstream> {
+    if let Some(upstream) = proxy.registry.find(model) {
+        return Some(upstream);
+    }
+    if !proxy.registry.miss_refresh_due() {
+        return None;
+    }
+    let sparkds = proxy.backend.models().await.unwrap_or_default();
+    if sparkds.iter().any(|m| m.name == model) {
+        return None;
+    }
+    proxy.registry.route(&proxy.http, model).await
 }
 
 async fn forward(
