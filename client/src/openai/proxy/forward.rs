@@ -218,11 +218,13 @@ fn end_to_end(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// What goes upstream: the client's headers but the connection's own, `Host` and the
-/// length (the client sets them again), and the API key when it was this server's.
+/// length (the client sets them again), `Expect` (the body is already here), and the API
+/// key when it was this server's.
 fn request_headers(incoming: &HeaderMap, forward_authorization: bool) -> HeaderMap {
     let mut headers = end_to_end(incoming);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::EXPECT);
     if !forward_authorization {
         headers.remove(header::AUTHORIZATION);
     }
@@ -282,6 +284,7 @@ mod tests {
             ("x-private", "1"),
             ("keep-alive", "timeout=5"),
             ("content-length", "12"),
+            ("expect", "100-continue"),
             ("transfer-encoding", "chunked"),
             ("authorization", "Bearer ours"),
             ("content-type", "application/json"),

@@ -186,6 +186,6 @@ async fn unrouted(uri: Uri) -> ApiError {
 }
 
 #[cfg(test)]
-mod fixtures;
+mod fixture_tests;
 #[cfg(test)]
 mod tests;
