@@ -328,50 +328,77 @@ async fn forwards_to_llama_server_on_the_default_model() {
 }
 
 /// Client-observed tokens per second through the proxy and straight to the upstream,
-/// with 1 and 8 concurrent streams. Prints figures; asserts nothing about them.
+/// with 1 and 8 concurrent streams. Prints figures; asserts nothing about them. The
+/// upstream is llama-server when present, else (or with `SPARKD_BENCH_UPSTREAM=sparkd`)
+/// a second sparkd shim on the synthetic model, whose fast tokens stress the proxy more.
 /// `cargo test -p sparkd-e2e --test proxy -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run by hand"]
 async fn proxy_overhead_benchmark() {
     let home = Daemon::start(&tiny_model(), &[]);
-    let (upstream_url, model, _keep): (String, &str, Vec<Box<dyn std::any::Any>>) =
-        match llama_server("smollm2-llama").await {
-            Some(llama) => (llama.url.clone(), "smollm2-llama", vec![Box::new(llama)]),
-            None => {
-                eprintln!("llama-server absent: benchmarking against a second sparkd shim");
-                let dir = TempDir::new("bench");
-                let model = dir.path().join("tinypeer.gguf");
-                std::os::unix::fs::symlink(tiny_model(), &model).expect("symlink");
-                let peer = Daemon::start(&model, &[]);
-                let peer_shim = shim(&peer.socket, &[]).await;
-                let url = peer_shim.url.clone();
-                (
-                    url,
-                    "tinypeer",
-                    vec![Box::new(peer_shim), Box::new(peer), Box::new(dir)],
-                )
-            }
-        };
+    let want_sparkd = std::env::var("SPARKD_BENCH_UPSTREAM").is_ok_and(|v| v == "sparkd");
+    let llama = if want_sparkd {
+        None
+    } else {
+        llama_server("smollm2-llama").await
+    };
+    let (upstream_url, model, _keep): (String, &str, Vec<Box<dyn std::any::Any>>) = match llama {
+        Some(llama) => (llama.url.clone(), "smollm2-llama", vec![Box::new(llama)]),
+        None => {
+            eprintln!("benchmarking against a second sparkd shim on the synthetic model");
+            let dir = TempDir::new("bench");
+            let model = dir.path().join("tinypeer.gguf");
+            std::os::unix::fs::symlink(tiny_model(), &model).expect("symlink");
+            let peer = Daemon::start(&model, &[]);
+            let peer_shim = shim(&peer.socket, &[]).await;
+            let url = peer_shim.url.clone();
+            (
+                url,
+                "tinypeer",
+                vec![Box::new(peer_shim), Box::new(peer), Box::new(dir)],
+            )
+        }
+    };
     let front = shim(&home.socket, &[("up", &upstream_url)]).await;
     let max_tokens = 64;
     // Warm both paths (model pages, connection pools).
     complete(&front.url, completion(model, "warm", 4, Some(true))).await;
     complete(&upstream_url, completion(model, "warm", 4, Some(true))).await;
+    // Twice each, alternating, so that neither path always runs on a warmer machine.
+    let paths = [
+        ("direct", &upstream_url),
+        ("proxy ", &front.url),
+        ("direct", &upstream_url),
+        ("proxy ", &front.url),
+    ];
+    // Each measurement is `rounds` batches of `concurrency` streams, back to back.
+    let rounds: usize = std::env::var("SPARKD_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
     for concurrency in [1usize, 8] {
-        for (label, base) in [("direct", &upstream_url), ("proxy ", &front.url)] {
+        for (label, base) in paths {
             let start = Instant::now();
-            let runs = (0..concurrency).map(|i| {
-                let body = completion(
-                    model,
-                    &format!("Tell me story number {i}."),
-                    max_tokens,
-                    Some(true),
-                );
-                complete(base, body)
-            });
-            let answers = futures::future::join_all(runs).await;
+            let mut tokens = 0u32;
+            for _ in 0..rounds {
+                let runs = (0..concurrency).map(|i| {
+                    let mut body = completion(
+                        model,
+                        &format!("Tell me story number {i}."),
+                        max_tokens,
+                        Some(true),
+                    );
+                    // llama-server would reuse the previous run's prefill.
+                    body["cache_prompt"] = json!(false);
+                    complete(base, body)
+                });
+                let answers = futures::future::join_all(runs).await;
+                tokens += answers
+                    .iter()
+                    .map(|a| a.usage.map_or(0, |u| u.1))
+                    .sum::<u32>();
+            }
             let elapsed = start.elapsed().as_secs_f64();
-            let tokens: u32 = answers.iter().map(|a| a.usage.map_or(0, |u| u.1)).sum();
             eprintln!(
                 "{label} x{concurrency}: {tokens} tokens in {elapsed:.2} s = {:.1} tok/s aggregate, {:.1} tok/s per stream",
                 f64::from(tokens) / elapsed,

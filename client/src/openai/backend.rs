@@ -53,8 +53,7 @@ pub trait Backend: Send + Sync + 'static {
     /// The most recent finished jobs, newest first, at most `limit`.
     fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>>;
     /// Books a job an upstream engine served in the daemon's jobs list (see `proxy`).
-    fn record_job(&self, job: ExternalJob) -> BoxFuture<'_, Result<JobRecord, BackendError>> {
-        drop(job);
+    fn record_job(&self, _job: ExternalJob) -> BoxFuture<'_, Result<JobRecord, BackendError>> {
         Box::pin(async {
             Err(BackendError::Unavailable(
                 "this backend keeps no jobs list".into(),

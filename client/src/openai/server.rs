@@ -11,6 +11,7 @@ use axum::http::Response as HttpResponse;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -140,6 +141,11 @@ pub async fn serve(
     router: Router,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    // Tokens go out one small write at a time: without TCP_NODELAY, Nagle's algorithm
+    // holds each behind the client's delayed ACK of the previous one (up to 40 ms).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

@@ -82,11 +82,7 @@ async fn forward_or_pass(
         }
     };
     let target = match requested_model(&bytes) {
-        Some(model) => proxy
-            .registry
-            .route(&proxy.http, &model)
-            .await
-            .map(|u| (u, model)),
+        Some(model) => upstream_for(proxy, &model).await.map(|u| (u, model)),
         None => None,
     };
     match target {
@@ -96,6 +92,22 @@ async fn forward_or_pass(
                 .await
         }
     }
+}
+
+/// The upstream serving `model`, if any. A miss may re-read the upstreams' lists, but
+/// not for sparkd's own model: its requests must not wait on other engines.
+async fn upstream_for<'a>(proxy: &'a Proxy, model: &str) -> Option<&'a Upstream> {
+    if let Some(upstream) = proxy.registry.find(model) {
+        return Some(upstream);
+    }
+    if !proxy.registry.miss_refresh_due() {
+        return None;
+    }
+    let sparkds = proxy.backend.models().await.unwrap_or_default();
+    if sparkds.iter().any(|m| m.name == model) {
+        return None;
+    }
+    proxy.registry.route(&proxy.http, model).await
 }
 
 async fn forward(
@@ -206,11 +218,13 @@ fn end_to_end(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// What goes upstream: the client's headers but the connection's own, `Host` and the
-/// length (the client sets them again), and the API key when it was this server's.
+/// length (the client sets them again), `Expect` (the body is already here), and the API
+/// key when it was this server's.
 fn request_headers(incoming: &HeaderMap, forward_authorization: bool) -> HeaderMap {
     let mut headers = end_to_end(incoming);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::EXPECT);
     if !forward_authorization {
         headers.remove(header::AUTHORIZATION);
     }
@@ -270,6 +284,7 @@ mod tests {
             ("x-private", "1"),
             ("keep-alive", "timeout=5"),
             ("content-length", "12"),
+            ("expect", "100-continue"),
             ("transfer-encoding", "chunked"),
             ("authorization", "Bearer ours"),
             ("content-type", "application/json"),

@@ -55,6 +55,8 @@ pub enum ProxyError {
 pub struct Proxy {
     registry: Registry,
     http: reqwest::Client,
+    /// The daemon: where jobs are reported, and whose models need no upstream.
+    backend: Arc<dyn Backend>,
     jobs: Arc<JobLog>,
     /// Where taps report finished jobs (to the recorder task).
     sink: UnboundedSender<ExternalJob>,
@@ -117,10 +119,11 @@ impl Proxy {
             .build()?;
         let (sink, jobs_rx) = mpsc::unbounded_channel();
         let jobs = Arc::new(JobLog::default());
-        tokio::spawn(jobs::record_jobs(jobs_rx, backend, jobs.clone()));
+        tokio::spawn(jobs::record_jobs(jobs_rx, backend.clone(), jobs.clone()));
         let proxy = Arc::new(Self {
             registry: Registry::new(upstreams),
             http,
+            backend,
             jobs,
             sink,
             next_request: AtomicU64::new(1),
@@ -183,6 +186,6 @@ async fn unrouted(uri: Uri) -> ApiError {
 }
 
 #[cfg(test)]
-mod fixtures;
+mod fixture_tests;
 #[cfg(test)]
 mod tests;

@@ -218,6 +218,14 @@ impl Registry {
         self.upstreams.iter().find(|u| u.serves(model))
     }
 
+    /// Whether a miss would re-read the lists now (they are stale, or being read).
+    pub fn miss_refresh_due(&self) -> bool {
+        match self.refreshed.try_lock() {
+            Ok(at) => !at.is_some_and(|at| at.elapsed() < MISS_REFRESH_AFTER),
+            Err(_) => true,
+        }
+    }
+
     /// The upstream serving `model`; on a miss, re-reads stale lists first (waiting at
     /// most [`MISS_REFRESH_WAIT`]).
     pub async fn route(&self, http: &reqwest::Client, model: &str) -> Option<&Upstream> {

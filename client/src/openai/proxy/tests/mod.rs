@@ -118,6 +118,8 @@ async fn other_models_go_to_sparkd_and_a_non_streaming_reply_is_a_lower_bound() 
         (CountSource::Reported, DecodeClock::Request, None)
     );
     assert_eq!(job.usage.completion_tokens, 12);
+    // The sized body ended normally, whether or not hyper polled past its last byte.
+    assert_eq!(job.finish_reason, FinishReason::Length);
 }
 
 #[tokio::test]
@@ -401,6 +403,17 @@ async fn a_model_new_upstream_is_found_by_rereading_its_list_on_a_miss() {
     assert_eq!(upstream.state.model_lists.load(Ordering::SeqCst), lists);
 
     tokio::time::sleep(MISS_REFRESH_AFTER + Duration::from_millis(100)).await;
+    // sparkd's own model never waits for the upstreams' lists.
+    let own = http()
+        .post(shim.url("/v1/chat/completions"))
+        .body(chat_body(SPARKD_MODEL, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 200);
+    assert_eq!(upstream.state.model_lists.load(Ordering::SeqCst), lists);
+    assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 2);
+
     let later = http()
         .post(shim.url("/v1/chat/completions"))
         .body(chat_body("loaded-later", false))
@@ -408,7 +421,8 @@ async fn a_model_new_upstream_is_found_by_rereading_its_list_on_a_miss() {
         .await
         .unwrap();
     assert_eq!(&later.bytes().await.unwrap()[..], LLAMA_JSON);
-    assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 1);
+    assert_eq!(upstream.state.model_lists.load(Ordering::SeqCst), lists + 1);
+    assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 2);
     let job = shim.daemon.wait_recorded(1).await.remove(0);
     assert_eq!(job.model, "loaded-later");
 }
