@@ -267,3 +267,17 @@ fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
         .find(|t| t.name().eq_ignore_ascii_case(s))
         .with_context(|| format!("unknown weight type `{s}`"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_config_file_parses_and_unknown_keys_are_refused() {
+        let shipped: ServeArgs =
+            toml::from_str(include_str!("../../systemd/sparkd.toml")).expect("sparkd.toml parses");
+        assert_eq!(shipped.model.as_deref(), Some("smollm2-135m-instruct"));
+        assert_eq!(shipped.stall_timeout, Some(30.0));
+        assert!(toml::from_str::<ServeArgs>("modle = \"x\"\n").is_err());
+    }
+}
