@@ -171,3 +171,64 @@ fn daemon_absent_and_bad_arguments_have_distinct_exit_codes() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("temperature"));
 }
+
+#[test]
+fn bench_reports_every_level_through_the_socket() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    let out = spark(
+        &d.socket,
+        &["bench", "--streams", "1,3", "--max-tokens", "8", "--json"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    assert!(report["peer"].is_null());
+    let levels = report["sparkd"].as_array().expect("levels");
+    assert_eq!(levels.len(), 2);
+    for (level, streams) in levels.iter().zip([1u64, 3]) {
+        assert_eq!(level["streams"].as_u64(), Some(streams));
+        let tokens = level["tokens"].as_u64().unwrap();
+        // End tokens are banned where the vocabulary has them; the tiny model may still
+        // stop early, but never runs past max_tokens.
+        assert!(tokens > 0 && tokens <= streams * 8, "{level}");
+        assert!(level["aggregate_tps"].as_f64().unwrap() > 0.0, "{level}");
+        assert!(level["ttft_ms"].as_f64().unwrap() >= 0.0, "{level}");
+    }
+    // A warm-up stream, then 1 and 3: each a job of its own, counted by the daemon as
+    // the bench counted it.
+    let jobs = spark(&d.socket, &["jobs", "--json"]);
+    assert!(jobs.status.success());
+    let jobs: Vec<serde_json::Value> = text(&jobs.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("job JSON"))
+        .collect();
+    assert_eq!(jobs.len(), 5);
+    let counted: u64 = jobs[..4]
+        .iter()
+        .map(|j| j["usage"]["completion_tokens"].as_u64().unwrap())
+        .sum();
+    let reported: u64 = levels.iter().map(|l| l["tokens"].as_u64().unwrap()).sum();
+    assert_eq!(counted, reported);
+}
+
+#[test]
+fn bench_refuses_a_missing_peer_clearly() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    let out = spark(
+        &d.socket,
+        &[
+            "bench",
+            "--streams",
+            "1",
+            "--max-tokens",
+            "4",
+            "--peer",
+            "/nonexistent/llama",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no llama-server in /nonexistent/llama"),
+        "{}",
+        text(&out.stderr)
+    );
+}

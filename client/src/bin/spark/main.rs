@@ -1,6 +1,7 @@
 //! `spark`: the command-line client of sparkd.
 
 mod autostart;
+mod bench;
 mod chat;
 mod connect;
 mod exit;
@@ -66,6 +67,8 @@ enum Command {
     Pull(pull::Args),
     /// Serve the OpenAI-compatible HTTP API (and the web page) in front of the daemon
     ServeOpenai(serve_openai::Args),
+    /// Benchmark the running daemon through its socket (optionally against llama-server)
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
             Command::Stop => stop::run(&global).await,
             Command::Pull(args) => pull::run(args).await,
             Command::ServeOpenai(args) => serve_openai::run(&global, args).await,
+            Command::Bench(args) => bench::run(&global, args).await,
         }
     });
     match result {
