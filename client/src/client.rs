@@ -159,6 +159,10 @@ impl Client {
     /// by the daemon (busy, invalid, context overflow...) is the stream's first and only
     /// item, since the protocol has no acceptance message to wait for.
     pub async fn generate(&self, request: GenerateRequest) -> Result<Generation, ClientError> {
+        crate::limits::check_request(&request).map_err(|message| ClientError::InvalidRequest {
+            kind: ErrorKind::InvalidRequest,
+            message,
+        })?;
         let id = request.id;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         self.shared

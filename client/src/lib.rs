@@ -30,6 +30,7 @@ mod client;
 pub mod codec;
 mod error;
 mod generation;
+pub mod limits;
 pub mod models;
 pub mod openai;
 pub mod protocol;

@@ -116,7 +116,11 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// `None`: up to the end of the context.
     pub max_tokens: Option<u32>,
-    /// Generation ends before any of these strings; it is not emitted.
+    /// Generation ends before any of these strings; it is not emitted. At most
+    /// [`MAX_STOP_STRINGS`](crate::limits::MAX_STOP_STRINGS).
+    #[serde(
+        deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_STOP_STRINGS }>"
+    )]
     pub stop: Vec<String>,
     /// `Some(n)`: each token event carries the chosen token's logprob and the top `n`
     /// alternatives (`n` at most 20).
@@ -126,7 +130,13 @@ pub struct GenerateRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum PromptInput {
     /// Rendered with the model's chat template, with the generation prompt added.
-    Chat { messages: Vec<ChatMessage> },
+    Chat {
+        /// At most [`MAX_CHAT_MESSAGES`](crate::limits::MAX_CHAT_MESSAGES).
+        #[serde(
+            deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_CHAT_MESSAGES }>"
+        )]
+        messages: Vec<ChatMessage>,
+    },
     /// Used as is; `special` parses special-token text into special tokens.
     Raw { text: String, special: bool },
 }
@@ -167,7 +177,11 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// The same seed and prompt give the same tokens. `None`: the daemon picks one.
     pub seed: Option<u64>,
-    /// Added to the logits of these token ids before sampling.
+    /// Added to the logits of these token ids before sampling. At most
+    /// [`MAX_LOGIT_BIAS`](crate::limits::MAX_LOGIT_BIAS) entries.
+    #[serde(
+        deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_LOGIT_BIAS }>"
+    )]
     pub logit_bias: Vec<(u32, f32)>,
 }
 

@@ -223,10 +223,13 @@ proptest! {
     }
 }
 
-/// The worst shapes a frame within the limit can take, measured: the decoder never
-/// holds more than [`heap_bound`], but that is a multiple of the frame, not the frame.
+/// The worst shapes a frame within the limit can take, measured. Lists past their caps
+/// (`spark_client::limits`) are refused from their announced length, so a frame of a
+/// million empty strings costs about its own bytes; at the caps, decoding costs the
+/// payload plus the capped lists.
 #[test]
-fn the_heap_a_frame_costs_is_bounded_by_a_multiple_of_its_size() {
+fn the_heap_a_frame_costs_is_bounded_by_its_size_and_the_list_caps() {
+    use spark_client::limits::{MAX_CHAT_MESSAGES, MAX_LOGIT_BIAS, MAX_STOP_STRINGS};
     let limit = DEFAULT_MAX_FRAME_BYTES;
     let base = GenerateRequest {
         id: 1,
@@ -241,7 +244,10 @@ fn the_heap_a_frame_costs_is_bounded_by_a_multiple_of_its_size() {
         logprobs: None,
     };
     let n = limit - 64;
-    let shapes = [
+    let chat = |messages: usize| PromptInput::Chat {
+        messages: vec![ChatMessage::new("", ""); messages],
+    };
+    let refused = [
         (
             "empty stop strings",
             GenerateRequest {
@@ -252,26 +258,46 @@ fn the_heap_a_frame_costs_is_bounded_by_a_multiple_of_its_size() {
         (
             "empty chat messages",
             GenerateRequest {
-                input: PromptInput::Chat {
-                    messages: vec![ChatMessage::new("", ""); n / 2],
-                },
+                input: chat(n / 2),
                 ..base.clone()
             },
         ),
     ];
-    for (what, request) in shapes {
+    for (what, request) in refused {
         let bytes = frame(&ClientMessage::Generate(request));
         assert!(bytes.len() - HEADER_BYTES <= limit);
         let (messages, error, heap) = decode_stream::<ClientMessage>(&bytes, bytes.len(), limit);
-        assert!(error.is_none() && messages.len() == 1);
+        assert!(messages.is_empty() && matches!(error, Some(CodecError::BadFrame(_))));
         println!(
-            "{what}: a {}-byte frame takes {} heap bytes to decode ({:.1}x), largest allocation {}",
+            "{what}: a {}-byte frame is refused with {} heap bytes in use at most ({:.1}x)",
             bytes.len(),
             heap.peak,
             heap.peak as f64 / bytes.len() as f64,
-            heap.largest
         );
+        assert!(heap.peak <= 2 * bytes.len() as u64 + (64 << 10), "{what}");
     }
+
+    let at_caps = GenerateRequest {
+        input: chat(MAX_CHAT_MESSAGES),
+        stop: vec![String::new(); MAX_STOP_STRINGS],
+        sampling: SamplingParams {
+            logit_bias: vec![(0, 0.0); MAX_LOGIT_BIAS],
+            ..SamplingParams::default()
+        },
+        ..base.clone()
+    };
+    let bytes = frame(&ClientMessage::Generate(at_caps));
+    let (messages, error, heap) = decode_stream::<ClientMessage>(&bytes, bytes.len(), limit);
+    assert!(error.is_none() && messages.len() == 1);
+    let lists = (MAX_CHAT_MESSAGES * std::mem::size_of::<ChatMessage>()
+        + MAX_LOGIT_BIAS * std::mem::size_of::<(u32, f32)>()
+        + MAX_STOP_STRINGS * std::mem::size_of::<String>()) as u64;
+    println!(
+        "every list at its cap: a {}-byte frame takes {} heap bytes to decode (lists {lists})",
+        bytes.len(),
+        heap.peak,
+    );
+    assert!(heap.peak <= 3 * bytes.len() as u64 + lists + (64 << 10));
 }
 
 /// A frame that announces a sequence far longer than its remaining bytes fails without

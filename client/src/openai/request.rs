@@ -17,7 +17,7 @@ use crate::protocol::{ChatMessage, GenerateRequest, PromptInput, SamplingParams}
 /// The daemon's cap on alternatives per token.
 const MAX_TOP_LOGPROBS: u32 = 20;
 /// More stop strings than this is a mistake, not a use case (OpenAI allows 4).
-const MAX_STOP_STRINGS: usize = 16;
+use crate::limits::MAX_STOP_STRINGS;
 
 /// A validated request, ready for the daemon.
 #[derive(Debug, Clone, PartialEq)]
