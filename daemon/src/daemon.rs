@@ -122,7 +122,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let path = model_path(&model_arg, !args.no_pull)?;
     let name = model_name(&model_arg, &path);
-    let model = Model::load(&path)?;
+    // Taken before reading, so a change during the load is noticed too.
+    let identity = crate::model_watch::FileIdentity::of(&path).ok();
+    let model = match Model::load(&path) {
+        Ok(model) => model,
+        Err(e) => {
+            // The socket was bound (and its pid file written) before loading.
+            let _ = std::fs::remove_file(pid_file(&socket_path));
+            return Err(e.into());
+        }
+    };
     let mut cfg = EngineConfig::new(name.clone());
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
@@ -149,6 +158,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         access: access.clone(),
         engine: engine.clone(),
     };
+    let watched = identity.map(|id| (path.clone(), id));
     let result = rt.block_on(run_server(
         listener,
         server_cfg,
@@ -156,6 +166,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         engine.clone(),
         grace,
         reload,
+        watched,
     ));
     engine.shutdown(Duration::ZERO);
     engine.join();
@@ -193,6 +204,7 @@ async fn run_server(
     engine: Arc<EngineHandle>,
     grace: Duration,
     reload: Reload,
+    watched: Option<(PathBuf, crate::model_watch::FileIdentity)>,
 ) -> anyhow::Result<()> {
     tracing::info!(socket = %cfg.socket_path.display(), "serving");
     notify::ready(&engine);
@@ -200,6 +212,9 @@ async fn run_server(
     tokio::spawn(watch_signals(shutdown.clone(), engine.clone(), grace));
     tokio::spawn(notify::keep_alive(engine.clone(), shutdown.clone()));
     tokio::spawn(watch_reload(reload, shutdown.clone()));
+    if let Some((path, identity)) = watched {
+        tokio::spawn(crate::model_watch::watch(path, identity, shutdown.clone()));
+    }
     let dyn_engine: Arc<dyn Engine> = engine;
     server::serve_with_access(listener, cfg, dyn_engine, shutdown, access).await?;
     Ok(())

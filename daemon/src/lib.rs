@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod engine;
 pub mod gguf;
 pub mod model;
+pub mod model_watch;
 pub mod notify;
 pub mod quant;
 pub mod server;

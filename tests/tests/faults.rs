@@ -1,5 +1,6 @@
 //! Faults, end to end with the real binaries: an engine step that fails, a client that
-//! stops reading, a daemon killed mid-stream, model files that cannot be loaded.
+//! stops reading, a daemon killed mid-stream, model files that cannot be loaded or that
+//! change while served.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -468,4 +469,77 @@ fn durations_out_of_range_are_refused_at_start_without_a_panic() {
             "{flag}:\n{stderr}"
         );
     }
+}
+
+/// Greedy tokens for a fixed prompt, through a fresh connection.
+async fn greedy_tokens(d: &Daemon) -> Vec<u32> {
+    let client = spark_client::Client::connect(&d.socket).await.unwrap();
+    let mut r = request(client.next_request_id(), "the model file", 12);
+    r.sampling = SamplingParams::default();
+    let mut generation = client.generate(r).await.unwrap();
+    let mut tokens = Vec::new();
+    while let Some(event) = generation.next().await {
+        match event.unwrap() {
+            GenerationEvent::Token(t) => tokens.push(t.token),
+            GenerationEvent::Done(done) => {
+                assert_eq!(done.usage.completion_tokens as usize, tokens.len());
+                return tokens;
+            }
+        }
+    }
+    panic!("no Done");
+}
+
+/// Waits (the daemon looks every 2 s) until its log has `needle`.
+fn wait_for_log(d: &Daemon, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = strip_ansi(&d.log_text());
+        if log.contains(needle) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_file_rewritten_truncated_replaced_or_removed_while_serving_changes_nothing() {
+    let dir = TempDir::new("swap");
+    let path = dir.path().join("model.gguf");
+    let original = std::fs::read(tiny_model()).unwrap();
+    std::fs::write(&path, &original).unwrap();
+    let mut d = Daemon::start(&path, &[]);
+    let expected = greedy_tokens(&d).await;
+    assert!(!expected.is_empty());
+
+    // In place, same inode: garbage of the same size (a mapping would now hold garbage
+    // weights), then truncated to nothing (a mapping would fault with SIGBUS).
+    std::fs::write(&path, vec![0x5Au8; original.len()]).unwrap();
+    wait_for_log(&d, "rewritten in place");
+    assert_eq!(greedy_tokens(&d).await, expected);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    assert_eq!(greedy_tokens(&d).await, expected);
+
+    // Replaced by rename, as downloads do, with a different (corrupt) file.
+    let next = dir.path().join("model.gguf.new");
+    std::fs::write(&next, &original[..original.len() / 3]).unwrap();
+    std::fs::rename(&next, &path).unwrap();
+    wait_for_log(&d, "replaced by another file");
+    assert_eq!(greedy_tokens(&d).await, expected);
+
+    std::fs::remove_file(&path).unwrap();
+    let log = wait_for_log(&d, "was removed after it was loaded");
+    assert_eq!(greedy_tokens(&d).await, expected);
+    assert!(log.contains("keeps serving the weights it loaded"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(d.child.try_wait().unwrap().is_none(), "the daemon exited");
 }

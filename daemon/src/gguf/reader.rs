@@ -1,11 +1,13 @@
-//! An open GGUF file: the validated header plus the file bytes (memory-mapped, or owned
-//! for tests and fuzzing), from which tensor data is borrowed without copying.
+//! An open GGUF file: the validated header plus the file bytes (memory-mapped, copied
+//! into the process's own memory, or owned for tests and fuzzing), from which tensor
+//! data is borrowed without copying.
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapMut};
 
 use super::error::GgufError;
 use super::metadata::Metadata;
@@ -18,6 +20,8 @@ const OWNED_ALIGN: usize = 64;
 
 enum Backing {
     Mmap(Mmap),
+    /// Anonymous memory holding a copy of the file, read-only after loading.
+    Copied(Mmap),
     /// The file is `buf[start..]`; `start` pads it to `OWNED_ALIGN` in memory.
     Owned {
         buf: Vec<u8>,
@@ -28,7 +32,7 @@ enum Backing {
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Self::Mmap(m) => m,
+            Self::Mmap(m) | Self::Copied(m) => m,
             Self::Owned { buf, start } => buf.get(*start..).unwrap_or_default(),
         }
     }
@@ -88,6 +92,36 @@ impl GgufFile {
         let file = File::open(path).map_err(io)?;
         let map = map_read_only(&file).map_err(io)?;
         Self::from_backing(Backing::Mmap(map))
+    }
+
+    /// Reads `path` into anonymous memory of its own and parses it: what a server that
+    /// keeps a model for days wants. Unlike a mapping, the copy cannot change or fault
+    /// (SIGBUS) when someone rewrites or truncates the file in place, and it lives in
+    /// transparent huge pages where the kernel allows. Page cache is dropped behind the
+    /// reads, so the file is not held twice in memory (on unified-memory machines the GPU
+    /// shares that memory).
+    pub fn load(path: &Path) -> Result<GgufFile, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let len = usize::try_from(len).map_err(|_| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                "file larger than the address space",
+            ))
+        })?;
+        if len == 0 {
+            return Self::from_bytes(Vec::new());
+        }
+        let mut copy = MmapMut::map_anon(len).map_err(io)?;
+        #[cfg(target_os = "linux")]
+        let _ = copy.advise(memmap2::Advice::HugePage);
+        read_exactly(&mut file, &mut copy).map_err(io)?;
+        let copy = copy.make_read_only().map_err(io)?;
+        Self::from_backing(Backing::Copied(copy))
     }
 
     /// Parses a file held in memory. The bytes may be copied once, to align them.
@@ -176,13 +210,69 @@ impl GgufFile {
     }
 }
 
-/// The one `unsafe` of the GGUF module.
+/// Bytes read per call: large enough to stream at disk speed, and the unit in which
+/// page cache is dropped behind the reads.
+const READ_CHUNK: usize = 64 << 20;
+
+/// Fills `dst` from `file`, which must hold exactly `dst.len()` bytes: a file that
+/// shrinks or grows while it is read is an error, not a model.
+fn read_exactly(file: &mut File, dst: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let end = (done + READ_CHUNK).min(dst.len());
+        match file.read(&mut dst[done..end]) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the file shrank while it was read ({done} of {} bytes)",
+                        dst.len()
+                    ),
+                ))
+            }
+            Ok(n) => {
+                drop_cached(file, done, n);
+                done += n;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut probe = [0u8; 1];
+    if file.read(&mut probe)? != 0 {
+        return Err(std::io::Error::other("the file grew while it was read"));
+    }
+    Ok(())
+}
+
+/// Asks the kernel to drop the page cache of bytes already copied (a hint; clean pages
+/// only, so nothing is lost).
+fn drop_cached(file: &File, offset: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is
+        // open for the duration of the call.
+        unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
+/// The one `unsafe` mapping of the GGUF module.
 fn map_read_only(file: &File) -> std::io::Result<Mmap> {
     // SAFETY: the mapping is read-only and only ever exposed as `&[u8]`. memmap2's
     // caveat is that another process truncating or rewriting the file while it is
     // mapped changes (or faults on) memory Rust considers immutable. Model files are
     // written once and replaced by rename (as `GgufWriter::write_file` does), which
-    // leaves an existing mapping on the old inode intact; in-place modification of a
-    // model that a daemon is serving is outside what sparkd supports.
+    // leaves an existing mapping on the old inode intact. The daemon does not rely on
+    // that: it serves from a private copy (`GgufFile::load`).
     unsafe { Mmap::map(file) }
 }

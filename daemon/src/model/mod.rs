@@ -17,17 +17,19 @@ pub use forward::{ForwardError, SeqInput, Workspace};
 pub use kv::{BlockTable, KvCache, KvFull, BLOCK_TOKENS};
 pub use weights::{Weights, WeightsError};
 
+/// A model that cannot be loaded. The message names the file; the cause is the
+/// error's `source()` (printed after it by `{:#}` and error reporters, not repeated).
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Gguf { path: PathBuf, source: GgufError },
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Config { path: PathBuf, source: ConfigError },
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Weights { path: PathBuf, source: WeightsError },
 }
 
-/// A loaded model: the mapped file, its configuration and where each weight lives.
+/// A loaded model: the file's bytes, its configuration and where each weight lives.
 /// Immutable after load and shared by reference; all per-sequence state is the
 /// caller's (`KvCache`, `BlockTable`).
 pub struct Model {
@@ -38,8 +40,11 @@ pub struct Model {
 }
 
 impl Model {
+    /// Loads the model from a private in-memory copy of the file (see
+    /// [`GgufFile::load`]): whatever happens to the file afterwards, the daemon keeps
+    /// serving the weights it loaded.
     pub fn load(path: &Path) -> Result<Self, LoadError> {
-        let file = GgufFile::open(path).map_err(|source| LoadError::Gguf {
+        let file = GgufFile::load(path).map_err(|source| LoadError::Gguf {
             path: path.into(),
             source,
         })?;

@@ -186,6 +186,40 @@ fn write_file_replaces_atomically_and_opens_mapped() {
 }
 
 #[test]
+fn load_copies_the_file_and_ignores_later_changes_to_it() {
+    let dir = std::env::temp_dir().join(format!("sparkd-gguf-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("model.gguf");
+    let w = sample_writer();
+    let bytes = w.to_bytes();
+    std::fs::write(&path, &bytes).expect("write");
+
+    let f = GgufFile::load(&path).expect("load");
+    assert!(!f.is_mapped());
+    assert_eq!(f.bytes(), &bytes[..]);
+    let t = &f.tensors()[0];
+    let data = f.tensor_data(t).to_vec();
+    // Rewritten in place, then truncated: a mapping would change or fault (SIGBUS);
+    // the copy does neither.
+    std::fs::write(&path, vec![0xAB; bytes.len()]).expect("overwrite");
+    assert_eq!(f.tensor_data(t), &data[..]);
+    std::fs::write(&path, b"").expect("truncate");
+    assert_eq!(f.bytes(), &bytes[..]);
+
+    // Loading the now-empty file is a clear error.
+    assert!(matches!(
+        GgufFile::load(&path),
+        Err(GgufError::Truncated { .. })
+    ));
+    let missing = dir.join("missing.gguf");
+    assert!(matches!(
+        GgufFile::load(&missing),
+        Err(GgufError::Io { path, .. }) if path == missing
+    ));
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
 fn add_tensor_checks_shape_and_size() {
     let mut w = GgufWriter::new();
     let bad = |r: Result<(), GgufError>| matches!(r, Err(GgufError::BadTensor { tensor, .. }) if tensor == "t");
