@@ -30,7 +30,7 @@ impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
             kv_tokens: 16 * 1024,
-            gemm_min_tokens: 32,
+            gemm_min_tokens: 64,
             gemm_scratch_max_bytes: 512 << 20,
         }
     }
