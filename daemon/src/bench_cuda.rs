@@ -76,6 +76,7 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
             "steps": report.steps,
             "max_rel_err": report.max_rel_err,
             "greedy_matched": report.greedy_matched,
+            "near_tie_steps": report.near_tie_steps,
             "pass": pass,
         })
     );

@@ -96,7 +96,13 @@ fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) {
     }
     assert_eq!(report.steps, plan.steps);
     assert!(report.max_rel_err < 1e-2, "{name}: {report:?}");
-    assert_eq!(report.greedy_matched, report.steps, "{name}: {report:?}");
+    // Random weights make near ties common: a different pick counts only when the CPU
+    // scores it within the error bar of its own (parity::NEAR_TIE).
+    assert_eq!(
+        report.greedy_matched + report.near_tie_steps,
+        report.steps,
+        "{name}: {report:?}"
+    );
     assert!(report.prefill_rows > 0);
     // The device argmax of the last step agrees with the host's pick of the same rows.
     let on_device = gpu.device_argmax().expect("device argmax");
