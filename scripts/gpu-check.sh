@@ -21,7 +21,8 @@
 #     max_rel_err = max over the compared rows of max|gpu - cpu| / max|cpu| (the prompt's
 #     last logits and each decode step; both backends are fed the CPU's greedy tokens so
 #     one flip does not cascade); greedy_matched = steps whose GPU argmax equals the
-#     CPU's. Exit 0 when max_rel_err < 1e-2 and greedy_matched == steps, 1 when not,
+#     CPU's (sparkd runs two sequences, 48- and 20-token prompts prefilled together, then
+#     decoded as a batch of two; a step matches when both rows do). Exit 0 when max_rel_err < 1e-2 and greedy_matched == steps, 1 when not,
 #     anything else for errors (no GPU, unsupported model).
 #   sparkd bench --device cuda --model F --batches 1,8,32 --prefill 512,2048 --json
 #     prints JSON lines, one flat object per measurement:

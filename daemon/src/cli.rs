@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use spark_client::models::{self, DEFAULT_MODEL};
 
+use crate::backend::cuda::DeviceRequest;
 use crate::model::{synth, Arch, Model};
 use crate::quant::GgmlType;
 
@@ -30,15 +31,9 @@ pub enum Cmd {
     Pull(PullArgs),
     /// Write a synthetic GGUF model with random weights (tests, benchmarks).
     Synth(SynthArgs),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceArg {
-    #[default]
-    Auto,
-    Cpu,
-    Cuda,
+    /// Compare the GPU forward with the CPU's on a model (logits and greedy tokens);
+    /// prints one JSON line. Exit 0: parity, 1: a mismatch, 2: an error (no GPU...).
+    GpuParity(GpuParityArgs),
 }
 
 /// Flags of `sparkd serve`. Every one may also come from the config file (`--config`);
@@ -56,9 +51,10 @@ pub struct ServeArgs {
     /// Socket path [default: $SPARKD_SOCKET, else $XDG_RUNTIME_DIR/sparkd/sparkd.sock, else /run/sparkd/sparkd.sock for root].
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Compute device [default: auto].
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
+    /// Compute device: auto, cpu, cuda or cuda:N [default: auto, which takes a
+    /// supported GPU when the CUDA stack is usable and else the CPU].
+    #[arg(long)]
+    pub device: Option<DeviceRequest>,
     /// CPU threads for the forward pass [default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -153,9 +149,35 @@ pub struct BenchArgs {
     /// llama.cpp bin folder: also run its llama-bench and print ratios.
     #[arg(long)]
     pub peer: Option<PathBuf>,
-    /// Print one JSON object instead of the table.
+    /// Print JSON (one object on the CPU; JSON lines on CUDA) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Device to benchmark: cpu (the default: the CPU benchmark above), cuda[:N], or
+    /// auto. On CUDA: decode at --batches, prefill at --prefill, JSON lines.
+    #[arg(long)]
+    pub device: Option<DeviceRequest>,
+    /// CUDA only: decode batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub batches: Vec<usize>,
+    /// CUDA only: prefill lengths in tokens.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    pub prefill: Vec<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct GpuParityArgs {
+    /// Model path (or name).
+    #[arg(long)]
+    pub model: String,
+    /// Greedy steps to compare (the prompt's last logits count as the first).
+    #[arg(long, default_value_t = 32)]
+    pub steps: usize,
+    /// GPU: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    pub device: DeviceRequest,
+    /// CPU threads of the reference [default: physical cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -205,6 +227,22 @@ pub fn model_path(name: &str, may_pull: bool) -> anyhow::Result<PathBuf> {
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(request) = args.device.filter(|d| *d != DeviceRequest::Cpu) {
+        let choice = crate::backend::cuda::probe(request)
+            .with_context(|| format!("no CUDA device for --device {request}"))?;
+        if let crate::backend::cuda::DeviceChoice::Cuda { gpu, arch, .. } = choice {
+            let path = model_path(&args.model, true)?;
+            let model = Model::load(&path)?;
+            return crate::bench_cuda::run(
+                &model,
+                &gpu,
+                arch,
+                &args.batches,
+                &args.prefill,
+                args.json,
+            );
+        }
+    }
     let path = model_path(&args.model, true)?;
     let model = Model::load(&path)?;
     let threads = args
@@ -217,6 +255,11 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         crate::bench::print_table(&report);
     }
     Ok(())
+}
+
+/// `sparkd gpu-parity`: `Ok(true)` on parity, `Ok(false)` on a mismatch.
+pub fn gpu_parity(args: GpuParityArgs) -> anyhow::Result<bool> {
+    crate::bench_cuda::parity(&args)
 }
 
 pub fn pull(args: PullArgs) -> anyhow::Result<()> {

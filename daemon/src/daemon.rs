@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use spark_client::models::DEFAULT_MODEL;
 
-use crate::cli::{model_path, DeviceArg, ServeArgs};
+use crate::backend::{self, cuda::DeviceChoice, cuda::DeviceRequest};
+use crate::cli::{model_path, ServeArgs};
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::model::Model;
 use crate::notify;
@@ -68,13 +69,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Kept as given, so SIGHUP can merge the command line over the re-read config file.
     let cli_args = args.clone();
     let args = args.with_config_file()?;
-    match args.device.unwrap_or_default() {
-        DeviceArg::Cuda => anyhow::bail!(
-            "--device cuda: this build of sparkd has no CUDA backend yet; use --device cpu or --device auto"
-        ),
-        DeviceArg::Auto => tracing::info!("device auto: using the CPU backend (no CUDA backend in this build)"),
-        DeviceArg::Cpu => {}
-    }
+    // Before the socket and the model: `--device cuda` on a machine without a usable GPU
+    // is refused at once, with the probe's reason; `auto` logs what it chose and why.
+    let request = args.device.unwrap_or_default();
+    let choice = backend::cuda::probe(request).with_context(|| format!("--device {request}"))?;
     let model_arg = args
         .model
         .clone()
@@ -149,7 +147,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("reading chat template {}", p.display()))?,
         );
     }
-    let engine = EngineHandle::start(model, cfg)?;
+    let engine = start_engine(model, cfg, request, &choice)?;
     tracing::info!(model = %name, path = %path.display(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
 
     let access = server::Access::for_this_process(&server_cfg);
@@ -172,6 +170,44 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     engine.join();
     let _ = std::fs::remove_file(pid_file(&socket_path));
     result
+}
+
+/// The engine on the device the probe chose. A GPU that passed the probe but cannot
+/// take the model (kernels that do not load, not enough memory) is an error under
+/// `cuda`, and under `auto` a warning and the CPU.
+fn start_engine(
+    model: Model,
+    cfg: EngineConfig,
+    request: DeviceRequest,
+    choice: &DeviceChoice,
+) -> anyhow::Result<Arc<EngineHandle>> {
+    let DeviceChoice::Cuda { gpu, arch, .. } = choice else {
+        return Ok(EngineHandle::start(model, cfg)?);
+    };
+    let model = Arc::new(model);
+    let cuda = backend::cuda::CudaGpu::new(gpu.ordinal, *arch).and_then(|dev| {
+        backend::CudaBackend::new(
+            &model,
+            dev,
+            backend::cuda::CudaOptions {
+                kv_tokens: cfg.kv_tokens,
+                ..Default::default()
+            },
+        )
+    });
+    match cuda {
+        Ok(b) => Ok(EngineHandle::start_with_backend(model, Box::new(b), cfg)?),
+        Err(e) if request == DeviceRequest::Auto => {
+            tracing::warn!(error = %e, gpu = %gpu.name, "the GPU cannot run this model; using the CPU");
+            let backend = backend::CpuBackend::new(model.clone(), cfg.kv_tokens, cfg.threads);
+            Ok(EngineHandle::start_with_backend(
+                model,
+                Box::new(backend),
+                cfg,
+            )?)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("--device {request}: {}", gpu.name))),
+    }
 }
 
 /// The listening socket: the one systemd passed (socket activation), else our own.

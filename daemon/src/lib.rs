@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod bench_cuda;
 pub mod cli;
 pub mod daemon;
 pub mod engine;

@@ -1,22 +1,35 @@
 //! `sparkd`: the daemon binary. Argument parsing and dispatch only; everything of
 //! substance lives in the library.
 
+use std::process::ExitCode;
+
 use clap::Parser;
 use sparkd::cli::{Cli, Cmd};
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Cmd::Serve(Box::default())) {
         Cmd::Serve(args) => sparkd::daemon::serve(*args),
         Cmd::Bench(args) => sparkd::cli::bench(args),
         Cmd::Pull(args) => sparkd::cli::pull(args),
         Cmd::Synth(args) => sparkd::cli::synth(args),
+        // gpu-check.sh tells a mismatch (1) from an error (2) by the exit status.
+        Cmd::GpuParity(args) => {
+            return match sparkd::cli::gpu_parity(args) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("sparkd: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sparkd: {e:#}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }

@@ -110,32 +110,41 @@ static T shfl(T v, int src) {
     return r;
 }
 
-// Runs `body` as a grid of blocks of threads.
+// Runs `body` as a grid of blocks of threads. The threads are created once per launch
+// and reused for every block (blocks still run one after another): creating them per
+// block made thread start-up the emulator's main cost. Each block gets fresh barriers,
+// since a thread that returns early leaves its block's barriers for good.
 template <typename F>
 static void launch(dim3 grid, dim3 block, F body) {
     gridDim = grid;
     blockDim = block;
     const int threads = (int)(block.x * block.y * block.z);
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                Block blk(threads);
-                std::vector<std::thread> ts;
-                ts.reserve(threads);
-                for (int t = 0; t < threads; ++t) {
-                    ts.emplace_back([&, t, bx, by, bz] {
-                        blockIdx = {bx, by, bz};
-                        threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                        tl_block = &blk;
-                        tl_warp = blk.warps[t / 32].get();
-                        tl_lane = t % 32;
-                        body();
-                        tl_warp->bar.arrive_and_drop();
-                        blk.bar.arrive_and_drop();
-                    });
-                }
-                for (auto& th : ts) th.join();
+    const unsigned long long n_blocks = (unsigned long long)grid.x * grid.y * grid.z;
+    std::unique_ptr<Block> cur;
+    // Between blocks: the next block's barriers exist before any thread starts it, and
+    // every thread is done with a block before its barriers are replaced.
+    std::barrier<> gate(threads);
+    std::vector<std::thread> ts;
+    ts.reserve(threads);
+    for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+            threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            tl_lane = t % 32;
+            for (unsigned long long b = 0; b < n_blocks; ++b) {
+                if (t == 0) cur = std::make_unique<Block>(threads);
+                gate.arrive_and_wait();
+                blockIdx = {(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y),
+                            (unsigned)(b / ((unsigned long long)grid.x * grid.y))};
+                tl_block = cur.get();
+                tl_warp = cur->warps[t / 32].get();
+                body();
+                tl_warp->bar.arrive_and_drop();
+                tl_block->bar.arrive_and_drop();
+                gate.arrive_and_wait();
             }
+        });
+    }
+    for (auto& th : ts) th.join();
 }
 
 }  // namespace emu

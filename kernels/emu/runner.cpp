@@ -5,7 +5,11 @@
 //   kernel <name>
 //   grid <x> <y> <z>
 //   block <x> <y> <z>
-//   buf <path>      a device buffer loaded from <path>; written back there after the launch
+//   buf <path> [<offset>]  a device buffer loaded from <path>, written back there after
+//                   the launch; the kernel gets a pointer <offset> bytes into it
+//   view <arg> <offset>    a pointer <offset> bytes into the buffer of argument <arg>
+//                   (an earlier `buf`): two arguments aliasing one allocation, as on the
+//                   device (in-place kernels, sub-buffers)
 //   null            a null pointer
 //   i32 <v> | i64 <v> | f32 <bits as u32>   scalars
 // Arguments follow the kernel's parameter order. Exit status 0 on success.
@@ -35,8 +39,10 @@
 namespace {
 
 struct Arg {
-    enum Kind { Buf, Null, I32, I64, F32 } kind;
+    enum Kind { Buf, View, Null, I32, I64, F32 } kind;
     std::string path;
+    size_t offset = 0;  // Buf and View: bytes into the buffer
+    size_t of = 0;      // View: the argument that owns the buffer
     std::vector<unsigned char> data;  // over-allocated for alignment
     size_t size = 0;
     long long i = 0;
@@ -56,8 +62,9 @@ struct Args {
         Arg& a = v[next++];
         if constexpr (std::is_pointer_v<P>) {
             if (a.kind == Arg::Null) return nullptr;
+            if (a.kind == Arg::View) return reinterpret_cast<P>(v[a.of].ptr() + a.offset);
             if (a.kind != Arg::Buf) throw std::runtime_error("expected a buffer");
-            return reinterpret_cast<P>(a.ptr());
+            return reinterpret_cast<P>(a.ptr() + a.offset);
         } else if constexpr (std::is_same_v<P, float>) {
             if (a.kind != Arg::F32) throw std::runtime_error("expected f32");
             return a.f;
@@ -136,8 +143,17 @@ int main(int argc, char** argv) {
                 std::ifstream f(a.path, std::ios::binary);
                 std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(f)), {});
                 a.size = bytes.size();
+                if (!(in >> a.offset)) a.offset = 0;
+                if (a.offset > a.size) throw std::runtime_error("buffer offset past its end");
                 a.data.assign(bytes.size() + 256, 0);
                 std::memcpy(a.ptr(), bytes.data(), bytes.size());
+                args.push_back(std::move(a));
+            } else if (d == "view") {
+                Arg a{Arg::View};
+                in >> a.of >> a.offset;
+                if (a.of >= args.size() || args[a.of].kind != Arg::Buf)
+                    throw std::runtime_error("view of an argument that is not a buffer");
+                if (a.offset > args[a.of].size) throw std::runtime_error("view past the buffer's end");
                 args.push_back(std::move(a));
             } else if (d == "null") {
                 args.push_back(Arg{Arg::Null});

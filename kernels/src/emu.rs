@@ -34,6 +34,16 @@ pub enum EmuError {
 pub enum Arg<'a> {
     /// A device buffer: copied in before the launch and back out after it.
     Buf(&'a mut [u8]),
+    /// A device buffer passed as a pointer this many bytes into it.
+    BufAt(&'a mut [u8], usize),
+    /// A pointer `offset` bytes into the buffer of argument `arg` (an earlier `Buf` or
+    /// `BufAt`): two parameters aliasing one allocation, as in-place kernels and
+    /// sub-buffers do on the device. Copying each argument separately would silently
+    /// give the kernel two independent copies instead.
+    View {
+        arg: usize,
+        offset: usize,
+    },
     Null,
     I32(i32),
     I64(i64),
@@ -137,11 +147,16 @@ impl Emulator {
         );
         for (i, a) in args.iter().enumerate() {
             match a {
-                Arg::Buf(b) => {
+                Arg::Buf(b) | Arg::BufAt(b, _) => {
+                    let offset = match a {
+                        Arg::BufAt(_, o) => *o,
+                        _ => 0,
+                    };
                     let p = dir.join(format!("buf{i}"));
                     std::fs::write(&p, &**b)?;
-                    job.push_str(&format!("buf {}\n", p.display()));
+                    job.push_str(&format!("buf {} {offset}\n", p.display()));
                 }
+                Arg::View { arg, offset } => job.push_str(&format!("view {arg} {offset}\n")),
                 Arg::Null => job.push_str("null\n"),
                 Arg::I32(v) => job.push_str(&format!("i32 {v}\n")),
                 Arg::I64(v) => job.push_str(&format!("i64 {v}\n")),
@@ -162,7 +177,7 @@ impl Emulator {
             });
         }
         for (i, a) in args.iter_mut().enumerate() {
-            if let Arg::Buf(b) = a {
+            if let Arg::Buf(b) | Arg::BufAt(b, _) = a {
                 let data = std::fs::read(dir.join(format!("buf{i}")))?;
                 if data.len() != b.len() {
                     return Err(EmuError::Launch {

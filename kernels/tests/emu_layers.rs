@@ -567,3 +567,52 @@ fn prefill_attention_is_causal_over_the_cached_prefix_and_the_chunk() {
     prefill_case(emu, KvType::F32, 64, &chunks, &mut rng);
     prefill_case(emu, KvType::F16, 128, &chunks, &mut rng);
 }
+
+#[test]
+fn views_alias_one_buffer_in_place_and_at_an_offset() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(5);
+    let n = 40;
+    // One allocation holding [pad | gate | up]: swiglu reads gate and up through
+    // pointers into it and writes its output over gate (out == gate), as the CUDA
+    // forward does with its FFN scratch.
+    let gate = rng.vec(n, 3.0);
+    let up = rng.vec(n, 1.0);
+    let pad = 8;
+    let mut all = vec![0.0f32; pad];
+    all.extend(&gate);
+    all.extend(&up);
+    let mut bytes = f32_bytes(&all);
+    emu.launch(
+        names::SWIGLU,
+        [1, 1, 1],
+        [256, 1, 1],
+        &mut [
+            Arg::BufAt(&mut bytes, pad * 4),
+            Arg::View {
+                arg: 0,
+                offset: (pad + n) * 4,
+            },
+            Arg::View {
+                arg: 0,
+                offset: pad * 4,
+            },
+            Arg::I64(n as i64),
+        ],
+    )
+    .unwrap();
+    let out = bytes_f32(&bytes);
+    assert!(
+        out[..pad].iter().all(|&v| v == 0.0),
+        "the padding is untouched"
+    );
+    for i in 0..n {
+        let g = gate[i] as f64;
+        let want = g / (1.0 + (-g).exp()) * up[i] as f64;
+        assert!(
+            (out[pad + i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "{i}"
+        );
+        assert_eq!(out[pad + n + i], up[i], "up is untouched");
+    }
+}

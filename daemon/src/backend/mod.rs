@@ -1,5 +1,64 @@
-//! Compute backends. The CPU backend runs everywhere; the CUDA backend (so far only the
-//! device probe) is coming behind the same interface.
+//! Compute backends behind one interface, so the engine never knows which one runs.
+//!
+//! A [`Backend`] owns everything a forward step touches besides the immutable model
+//! file: the KV cache (its block pool and storage) and the step's buffers, including
+//! the logits the engine samples from. The CPU backend ([`cpu::CpuBackend`]) wraps the
+//! CPU forward pass as it was; the CUDA backend ([`cuda::CudaBackend`]) runs the same
+//! step on a GPU, or on the kernel emulator in tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::{BlockTable, ForwardError, KvFull, SeqInput};
 
 pub mod cpu;
 pub mod cuda;
+pub mod parity;
+
+pub use cpu::CpuBackend;
+pub use cuda::CudaBackend;
+
+/// Why a forward step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The batch itself is wrong (a host bug or a bad token): the same on every backend.
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+    /// The device failed (a launch, a copy, memory).
+    #[error("CUDA: {0}")]
+    Gpu(#[from] cuda::GpuError),
+}
+
+/// What `Status` reports about the backend. Shared with the handle, which answers
+/// status requests on other threads than the engine's.
+pub trait DeviceReport: Send + Sync {
+    /// `cpu` or `cuda`.
+    fn backend(&self) -> &'static str;
+    /// The device in words, e.g. `NVIDIA GB10 (sm_121) · 100.2 of 119.6 GiB free`;
+    /// memory figures are read when asked, not at start.
+    fn device(&self) -> String;
+}
+
+/// One compute backend: the forward pass, its KV cache and its logits.
+pub trait Backend: Send {
+    /// Runs one step over `batch`, writing its K/V into this backend's cache and the
+    /// requested logits where [`Backend::logits_mut`] finds them. Returns the step's
+    /// duration (measured on the device for GPUs).
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Duration, BackendError>;
+
+    /// Logits of the `i`-th batch item of the last step that asked for them (in batch
+    /// order), mutable because samplers apply penalties in place.
+    fn logits_mut(&mut self, i: usize) -> &mut [f32];
+
+    /// Grows `table` to hold `positions` positions; all or nothing.
+    fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull>;
+    /// Returns every block of `table` to the pool.
+    fn release(&mut self, table: &mut BlockTable);
+    fn kv_used_blocks(&self) -> usize;
+    fn kv_total_blocks(&self) -> usize;
+
+    /// For `Status`.
+    fn report(&self) -> Arc<dyn DeviceReport>;
+    /// Threads of the CPU work (the forward's pool on the CPU; the host thread on GPUs).
+    fn threads(&self) -> usize;
+}

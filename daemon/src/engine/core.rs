@@ -1,5 +1,6 @@
-//! The engine loop: runs on its own thread, owns the model's working state (KV cache,
-//! workspace) and every sequence, and turns commands into batched forward steps.
+//! The engine loop: runs on its own thread, owns the compute backend (with its KV cache
+//! and buffers) and every sequence, and turns commands into batched forward steps. It
+//! does not know which backend runs: the CPU and CUDA ones share [`Backend`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use spark_client::protocol::{ErrorKind, FinishReason, ServerMessage, TokenEvent};
 
-use crate::model::{KvCache, Model, SeqInput, Workspace};
+use crate::backend::Backend;
+use crate::model::{Model, SeqInput};
 use crate::text::Tokenizer;
 
 use super::jobs::Shared;
@@ -50,8 +52,7 @@ pub struct EngineLimits {
 pub struct EngineCore {
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
-    kv: KvCache,
-    ws: Workspace,
+    backend: Box<dyn Backend>,
     limits: EngineLimits,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
@@ -98,8 +99,7 @@ impl FaultHook {
 pub struct EngineParts {
     pub model: Arc<Model>,
     pub tokenizer: Arc<Tokenizer>,
-    pub kv: KvCache,
-    pub ws: Workspace,
+    pub backend: Box<dyn Backend>,
     pub limits: EngineLimits,
 }
 
@@ -113,15 +113,13 @@ impl EngineCore {
         let EngineParts {
             model,
             tokenizer,
-            kv,
-            ws,
+            backend,
             limits,
         } = parts;
         EngineCore {
             model,
             tokenizer,
-            kv,
-            ws,
+            backend,
             limits,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -229,7 +227,11 @@ impl EngineCore {
             };
             // The whole prompt's blocks up front, so an admitted prompt never stalls
             // half-way for lack of memory.
-            if self.kv.reserve(&mut seq.table, seq.tokens.len()).is_err() {
+            if self
+                .backend
+                .reserve(&mut seq.table, seq.tokens.len())
+                .is_err()
+            {
                 break;
             }
             let Some(mut seq) = self.waiting.pop_front() else {
@@ -266,10 +268,7 @@ impl EngineCore {
                 want_logits: s.n_cached + n == s.tokens.len(),
             })
             .collect();
-        let mut result = self
-            .model
-            .forward(&batch, &mut self.kv, &mut self.ws)
-            .map_err(|e| e.to_string());
+        let mut result = self.backend.forward(&batch).map_err(|e| e.to_string());
         drop(batch);
         if self.fault.step_fails() {
             result = Err(format!("injected failure ({FAULT_FAIL_STEP_ENV})"));
@@ -289,7 +288,6 @@ impl EngineCore {
         };
         self.shared.record_step(elapsed);
 
-        let vocab = self.model.config.vocab_size;
         let mut logit_row = 0;
         for (s, &n) in self.running.iter_mut().zip(&take) {
             if n == 0 {
@@ -305,7 +303,7 @@ impl EngineCore {
             if s.n_cached < s.tokens.len() {
                 continue;
             }
-            let logits = self.ws.logits_mut(logit_row, vocab);
+            let logits = self.backend.logits_mut(logit_row);
             logit_row += 1;
             if s.finish.is_some() {
                 continue;
@@ -325,7 +323,11 @@ impl EngineCore {
                 continue;
             }
             let need = self.running[i].n_cached + take[i];
-            if self.kv.reserve(&mut self.running[i].table, need).is_ok() {
+            if self
+                .backend
+                .reserve(&mut self.running[i].table, need)
+                .is_ok()
+            {
                 i += 1;
                 continue;
             }
@@ -336,7 +338,7 @@ impl EngineCore {
             match victim {
                 Some(j) => {
                     let mut v = self.running.remove(j);
-                    self.kv.release(&mut v.table);
+                    self.backend.release(&mut v.table);
                     v.n_cached = 0;
                     tracing::debug!(
                         job = v.job,
@@ -389,7 +391,7 @@ impl EngineCore {
     }
 
     fn retire(&mut self, mut s: Sequence) {
-        self.kv.release(&mut s.table);
+        self.backend.release(&mut s.table);
         let reason = s.finish.unwrap_or(FinishReason::Error);
         let done = s.done_event(reason);
         self.shared.record_job(&s, &done, self.model_name());
@@ -415,8 +417,8 @@ impl EngineCore {
         self.shared.set_load(
             self.running.len(),
             self.waiting.len(),
-            self.kv.used_blocks(),
-            self.kv.total_blocks(),
+            self.backend.kv_used_blocks(),
+            self.backend.kv_total_blocks(),
         );
     }
 }

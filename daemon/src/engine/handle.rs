@@ -15,7 +15,8 @@ use spark_client::protocol::{
     PromptInput, StatusReport, TokenPiece,
 };
 
-use crate::model::{Model, Workspace, BLOCK_TOKENS};
+use crate::backend::{Backend, CpuBackend, DeviceReport};
+use crate::model::{Model, BLOCK_TOKENS};
 use crate::text::{
     sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
 };
@@ -93,7 +94,7 @@ pub struct EngineHandle {
     next_job: AtomicU64,
     in_flight: Arc<AtomicUsize>,
     started: Instant,
-    threads: usize,
+    report: Arc<dyn DeviceReport>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -106,7 +107,24 @@ fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
 }
 
 impl EngineHandle {
+    /// Starts the engine on the CPU backend.
     pub fn start(model: Model, config: EngineConfig) -> Result<Arc<Self>, EngineError> {
+        let model = Arc::new(model);
+        let backend = CpuBackend::new(
+            model.clone(),
+            config.kv_tokens.max(BLOCK_TOKENS),
+            config.threads,
+        );
+        Self::start_with_backend(model, Box::new(backend), config)
+    }
+
+    /// Starts the engine on `backend`, which must have been built for `model`; its KV
+    /// cache size is the backend's, `config.kv_tokens` and `config.threads` are not used.
+    pub fn start_with_backend(
+        model: Arc<Model>,
+        backend: Box<dyn Backend>,
+        config: EngineConfig,
+    ) -> Result<Arc<Self>, EngineError> {
         let spec =
             TokenizerSpec::from_gguf(model.file.metadata()).map_err(EngineError::Tokenizer)?;
         let tokenizer = Arc::new(Tokenizer::new(spec).map_err(EngineError::Tokenizer)?);
@@ -121,19 +139,16 @@ impl EngineHandle {
             .map_or(model.config.context_length, |c| {
                 c.min(model.config.context_length)
             });
-        let model = Arc::new(model);
         let shared = Arc::new(Shared::new(config.model_name.clone(), config.keep_jobs));
-        let kv = model.new_kv_cache(config.kv_tokens.max(BLOCK_TOKENS));
-        let kv_capacity = kv.total_blocks() * BLOCK_TOKENS;
-        let ws = Workspace::new(config.threads);
-        let threads = ws.threads();
+        let kv_capacity = backend.kv_total_blocks() * BLOCK_TOKENS;
+        let threads = backend.threads();
+        let report = backend.report();
         let (tx, rx) = channel();
         let in_flight = Arc::new(AtomicUsize::new(0));
         let parts = EngineParts {
             model: model.clone(),
             tokenizer: tokenizer.clone(),
-            kv,
-            ws,
+            backend,
             limits: EngineLimits {
                 max_running: config.max_running.max(1),
                 step_tokens: config.step_tokens.max(1),
@@ -146,8 +161,9 @@ impl EngineHandle {
             .map_err(EngineError::Thread)?;
         tracing::info!(
             model = %config.model_name,
+            backend = report.backend(),
             threads,
-            kv_tokens = config.kv_tokens,
+            kv_tokens = kv_capacity,
             context,
             "engine started"
         );
@@ -167,7 +183,7 @@ impl EngineHandle {
             next_job: AtomicU64::new(1),
             in_flight,
             started: Instant::now(),
-            threads,
+            report,
             thread: Mutex::new(Some(thread)),
         }))
     }
@@ -458,8 +474,8 @@ impl Engine for EngineHandle {
         StatusReport {
             daemon_version: env!("CARGO_PKG_VERSION").into(),
             model: self.model_info(),
-            backend: "cpu".into(),
-            device: describe_cpu(self.threads),
+            backend: self.report.backend().into(),
+            device: self.report.device(),
             resident_bytes: resident_bytes(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             running: load.running as u32,
@@ -506,22 +522,6 @@ fn truncate_name(name: &mut String) {
             .unwrap_or(0);
         name.truncate(cut);
     }
-}
-
-/// E.g. `AMD EPYC · 2 threads · avx2 kernels`.
-fn describe_cpu(threads: usize) -> String {
-    let mut sys = sysinfo::System::new();
-    sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
-    let brand = sys
-        .cpus()
-        .first()
-        .map(|c| c.brand().trim().to_string())
-        .filter(|b| !b.is_empty());
-    format!(
-        "{} · {threads} threads · {} kernels",
-        brand.unwrap_or_else(|| std::env::consts::ARCH.to_string()),
-        crate::backend::cpu::kernel_name()
-    )
 }
 
 /// This process's resident memory (mapped model pages that were touched included).

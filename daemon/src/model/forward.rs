@@ -38,6 +38,37 @@ pub enum ForwardError {
     EmptySequence,
 }
 
+/// Refuses a batch the forward cannot run: empty sequences, tokens outside the
+/// vocabulary, positions past the context or the sequence's reserved KV blocks. Every
+/// backend checks with this before touching its buffers.
+pub fn check_batch(cfg: &ModelConfig, batch: &[SeqInput<'_>]) -> Result<(), ForwardError> {
+    for s in batch {
+        if s.tokens.is_empty() {
+            return Err(ForwardError::EmptySequence);
+        }
+        if let Some(&token) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(ForwardError::TokenOutOfRange {
+                token,
+                vocab: cfg.vocab_size,
+            });
+        }
+        let end = s.start_pos + s.tokens.len();
+        if end > cfg.context_length {
+            return Err(ForwardError::PastContext {
+                pos: end - 1,
+                ctx: cfg.context_length,
+            });
+        }
+        if end > s.table.capacity() {
+            return Err(ForwardError::NoKvBlock {
+                pos: end - 1,
+                capacity: s.table.capacity(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Reusable buffers for forward steps, plus the thread pool. One per engine; nothing in
 /// it outlives a step except capacity.
 pub struct Workspace {
@@ -147,7 +178,7 @@ impl Model {
     ) -> Result<Duration, ForwardError> {
         let started = Instant::now();
         let cfg = &self.config;
-        self.check_batch(batch)?;
+        check_batch(cfg, batch)?;
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let n_logits = batch.iter().filter(|s| s.want_logits).count();
         ws.resize(cfg, n, n_logits);
@@ -311,35 +342,6 @@ impl Model {
             );
         }
         Ok(started.elapsed())
-    }
-
-    fn check_batch(&self, batch: &[SeqInput<'_>]) -> Result<(), ForwardError> {
-        let cfg = &self.config;
-        for s in batch {
-            if s.tokens.is_empty() {
-                return Err(ForwardError::EmptySequence);
-            }
-            if let Some(&token) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-                return Err(ForwardError::TokenOutOfRange {
-                    token,
-                    vocab: cfg.vocab_size,
-                });
-            }
-            let end = s.start_pos + s.tokens.len();
-            if end > cfg.context_length {
-                return Err(ForwardError::PastContext {
-                    pos: end - 1,
-                    ctx: cfg.context_length,
-                });
-            }
-            if end > s.table.capacity() {
-                return Err(ForwardError::NoKvBlock {
-                    pos: end - 1,
-                    capacity: s.table.capacity(),
-                });
-            }
-        }
-        Ok(())
     }
 
     /// Causal grouped-query attention of every new token over its sequence's cached

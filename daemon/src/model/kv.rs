@@ -40,35 +40,22 @@ pub struct KvFull {
     pub free: usize,
 }
 
-/// Key and value storage for every layer, in f32.
-///
-/// Layout: `[layer][block][slot][kv_dim]` for keys and for values, so the keys of one
-/// block of one layer are one contiguous run that attention streams through.
-pub struct KvCache {
-    n_layers: usize,
-    kv_dim: usize,
+/// The block allocator: which of `n_blocks` blocks are free. Shared by every backend,
+/// so the CPU cache and the device caches hand out blocks (and refuse them) the same way.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
     n_blocks: usize,
-    keys: Vec<f32>,
-    values: Vec<f32>,
     free: Vec<u32>,
 }
 
-impl KvCache {
-    /// A cache of at least `tokens` positions (rounded up to whole blocks).
-    pub fn new(n_layers: usize, kv_dim: usize, tokens: usize) -> Self {
+impl BlockPool {
+    /// A pool of at least `tokens` positions (rounded up to whole blocks, at least one).
+    pub fn for_tokens(tokens: usize) -> Self {
         let n_blocks = tokens.div_ceil(BLOCK_TOKENS).max(1);
-        let len = n_layers * n_blocks * BLOCK_TOKENS * kv_dim;
         // Reverse so that blocks are first handed out in ascending order; tests shuffle
         // the free list to check that nothing depends on that.
         let free = (0..n_blocks as u32).rev().collect();
-        KvCache {
-            n_layers,
-            kv_dim,
-            n_blocks,
-            keys: vec![0.0; len],
-            values: vec![0.0; len],
-            free,
-        }
+        BlockPool { n_blocks, free }
     }
 
     pub fn total_blocks(&self) -> usize {
@@ -83,20 +70,9 @@ impl KvCache {
         self.n_blocks - self.free.len()
     }
 
-    pub fn bytes(&self) -> usize {
-        (self.keys.len() + self.values.len()) * std::mem::size_of::<f32>()
-    }
-
-    /// Blocks a table must gain to hold `positions` positions.
-    pub fn blocks_needed(table: &BlockTable, positions: usize) -> usize {
-        positions
-            .div_ceil(BLOCK_TOKENS)
-            .saturating_sub(table.blocks.len())
-    }
-
     /// Grows `table` to hold `positions` positions; all or nothing.
     pub fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
-        let needed = Self::blocks_needed(table, positions);
+        let needed = KvCache::blocks_needed(table, positions);
         if needed > self.free.len() {
             return Err(KvFull {
                 needed,
@@ -123,10 +99,75 @@ impl KvCache {
         self.free
             .shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
     }
+}
+
+/// Key and value storage for every layer, in f32.
+///
+/// Layout: `[layer][block][slot][kv_dim]` for keys and for values, so the keys of one
+/// block of one layer are one contiguous run that attention streams through.
+pub struct KvCache {
+    n_layers: usize,
+    kv_dim: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    pool: BlockPool,
+}
+
+impl KvCache {
+    /// A cache of at least `tokens` positions (rounded up to whole blocks).
+    pub fn new(n_layers: usize, kv_dim: usize, tokens: usize) -> Self {
+        let pool = BlockPool::for_tokens(tokens);
+        let len = n_layers * pool.total_blocks() * BLOCK_TOKENS * kv_dim;
+        KvCache {
+            n_layers,
+            kv_dim,
+            keys: vec![0.0; len],
+            values: vec![0.0; len],
+            pool,
+        }
+    }
+
+    pub fn total_blocks(&self) -> usize {
+        self.pool.total_blocks()
+    }
+
+    pub fn free_blocks(&self) -> usize {
+        self.pool.free_blocks()
+    }
+
+    pub fn used_blocks(&self) -> usize {
+        self.pool.used_blocks()
+    }
+
+    pub fn bytes(&self) -> usize {
+        (self.keys.len() + self.values.len()) * std::mem::size_of::<f32>()
+    }
+
+    /// Blocks a table must gain to hold `positions` positions.
+    pub fn blocks_needed(table: &BlockTable, positions: usize) -> usize {
+        positions
+            .div_ceil(BLOCK_TOKENS)
+            .saturating_sub(table.blocks.len())
+    }
+
+    /// Grows `table` to hold `positions` positions; all or nothing.
+    pub fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
+        self.pool.reserve(table, positions)
+    }
+
+    /// Returns every block of `table` to the pool.
+    pub fn release(&mut self, table: &mut BlockTable) {
+        self.pool.release(table);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn shuffle_free_list(&mut self, seed: u64) {
+        self.pool.shuffle_free_list(seed);
+    }
 
     #[inline]
     fn offset(&self, layer: usize, block: usize, slot: usize) -> usize {
-        ((layer * self.n_blocks + block) * BLOCK_TOKENS + slot) * self.kv_dim
+        ((layer * self.pool.total_blocks() + block) * BLOCK_TOKENS + slot) * self.kv_dim
     }
 
     /// Stores one position's key and value for `layer`.

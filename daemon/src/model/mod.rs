@@ -14,7 +14,7 @@ use crate::gguf::{GgufError, GgufFile};
 
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use forward::{ForwardError, SeqInput, Workspace};
-pub use kv::{BlockTable, KvCache, KvFull, BLOCK_TOKENS};
+pub use kv::{BlockPool, BlockTable, KvCache, KvFull, BLOCK_TOKENS};
 pub use weights::{Weights, WeightsError};
 
 /// A model that cannot be loaded. The message names the file; the cause is the

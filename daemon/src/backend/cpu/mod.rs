@@ -8,6 +8,7 @@
 //! cache. The SIMD path is picked once at run time from the CPU's features.
 
 mod acts;
+mod backend;
 mod dot;
 mod matmul;
 mod pool;
@@ -15,6 +16,7 @@ mod pool;
 mod testutil;
 
 pub use acts::MatmulScratch;
+pub use backend::CpuBackend;
 pub use matmul::{dequantize_row, matmul, WeightMatrix};
 pub use pool::{physical_cores, ThreadPool};
 

@@ -42,6 +42,14 @@ impl FromStr for DeviceRequest {
     }
 }
 
+/// From the config file, spelled as on the command line (`device = "cuda:1"`).
+impl<'de> serde::Deserialize<'de> for DeviceRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for DeviceRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -1,0 +1,105 @@
+//! [`CpuBackend`]: the CPU forward pass ([`Model::forward`]) with its KV cache and
+//! workspace behind the [`Backend`] interface. A thin wrapper: the logits the engine
+//! samples are the workspace's own buffer, never copied.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{Backend, BackendError, DeviceReport};
+use crate::model::{BlockTable, KvCache, KvFull, Model, SeqInput, Workspace};
+
+pub struct CpuBackend {
+    model: Arc<Model>,
+    kv: KvCache,
+    ws: Workspace,
+    report: Arc<CpuReport>,
+}
+
+impl CpuBackend {
+    /// A KV cache of at least `kv_tokens` positions and a pool of `threads` threads.
+    pub fn new(model: Arc<Model>, kv_tokens: usize, threads: usize) -> Self {
+        let kv = model.new_kv_cache(kv_tokens);
+        let ws = Workspace::new(threads);
+        let report = Arc::new(CpuReport {
+            device: describe_cpu(ws.threads()),
+        });
+        CpuBackend {
+            model,
+            kv,
+            ws,
+            report,
+        }
+    }
+
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    pub fn workspace(&self) -> &Workspace {
+        &self.ws
+    }
+}
+
+impl Backend for CpuBackend {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Duration, BackendError> {
+        Ok(self.model.forward(batch, &mut self.kv, &mut self.ws)?)
+    }
+
+    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        self.ws.logits_mut(i, self.model.config.vocab_size)
+    }
+
+    fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
+        self.kv.reserve(table, positions)
+    }
+
+    fn release(&mut self, table: &mut BlockTable) {
+        self.kv.release(table);
+    }
+
+    fn kv_used_blocks(&self) -> usize {
+        self.kv.used_blocks()
+    }
+
+    fn kv_total_blocks(&self) -> usize {
+        self.kv.total_blocks()
+    }
+
+    fn report(&self) -> Arc<dyn DeviceReport> {
+        self.report.clone()
+    }
+
+    fn threads(&self) -> usize {
+        self.ws.threads()
+    }
+}
+
+struct CpuReport {
+    device: String,
+}
+
+impl DeviceReport for CpuReport {
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn device(&self) -> String {
+        self.device.clone()
+    }
+}
+
+/// E.g. `AMD EPYC · 2 threads · avx2 kernels`.
+fn describe_cpu(threads: usize) -> String {
+    let mut sys = sysinfo::System::new();
+    sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+    let brand = sys
+        .cpus()
+        .first()
+        .map(|c| c.brand().trim().to_string())
+        .filter(|b| !b.is_empty());
+    format!(
+        "{} · {threads} threads · {} kernels",
+        brand.unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+        super::kernel_name()
+    )
+}

@@ -1,0 +1,241 @@
+//! [`CudaBackend`]: the model on a [`Gpu`] (the real device, or the emulator in tests)
+//! behind the engine's [`Backend`] interface. It owns the device weights, the paged KV
+//! cache on the device (the CPU cache's layout and block design: one shared
+//! [`BlockPool`], per-sequence [`BlockTable`]s, `[layer][block][slot][kv_dim]` f32), the
+//! step's device scratch and the host copy of the logits the engine samples from.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::gpu::{read_f32s, u32_bytes, Buf, Gpu, GpuError};
+use super::weights::DevWeights;
+use crate::backend::{Backend, BackendError, DeviceReport};
+use crate::model::config::ModelConfig;
+use crate::model::{BlockPool, BlockTable, KvFull, Model, SeqInput, BLOCK_TOKENS};
+
+/// Settings of the CUDA backend.
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    /// KV cache positions on the device (rounded up to whole blocks).
+    pub kv_tokens: usize,
+    /// Steps with at least this many tokens run their matrices through dequantize +
+    /// tensor-core GEMM; smaller ones (decode) through the batched mat-vec.
+    pub gemm_min_tokens: usize,
+    /// Largest f16 weight scratch the GEMM path may take; matrices above it (the output
+    /// head of a large vocabulary, say) stay on the mat-vec.
+    pub gemm_scratch_max_bytes: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            kv_tokens: 16 * 1024,
+            gemm_min_tokens: 64,
+            gemm_scratch_max_bytes: 512 << 20,
+        }
+    }
+}
+
+/// Device scratch of a step, grown on demand and kept.
+#[derive(Default)]
+pub(super) struct Scratch {
+    pub x: Option<Buf>,
+    pub xn: Option<Buf>,
+    pub q: Option<Buf>,
+    pub k: Option<Buf>,
+    pub v: Option<Buf>,
+    pub attn: Option<Buf>,
+    pub gate: Option<Buf>,
+    pub up: Option<Buf>,
+    pub last: Option<Buf>,
+    pub logits: Option<Buf>,
+    pub argmax: Option<Buf>,
+    pub meta: Option<Buf>,
+    pub part_o: Option<Buf>,
+    pub part_ml: Option<Buf>,
+    pub a16: Option<Buf>,
+    pub w16: Option<Buf>,
+}
+
+/// A buffer of at least `bytes` in `slot`, reallocated (contents lost) when too small.
+pub(super) fn ensure(
+    gpu: &mut dyn Gpu,
+    slot: &mut Option<Buf>,
+    bytes: usize,
+    what: &str,
+) -> Result<Buf, GpuError> {
+    match *slot {
+        Some(b) if b.bytes >= bytes => Ok(b),
+        old => {
+            if let Some(b) = old {
+                gpu.free(b);
+                *slot = None;
+            }
+            // Round up so that slowly growing steps do not reallocate every time.
+            let b = gpu.alloc(bytes.max(16).next_power_of_two(), what)?;
+            *slot = Some(b);
+            Ok(b)
+        }
+    }
+}
+
+pub struct CudaBackend<G: Gpu> {
+    pub(super) gpu: G,
+    pub(super) cfg: ModelConfig,
+    pub(super) w: DevWeights,
+    pub(super) pool: BlockPool,
+    pub(super) k_cache: Buf,
+    pub(super) v_cache: Buf,
+    pub(super) scratch: Scratch,
+    pub(super) opts: CudaOptions,
+    /// Host copy of the last step's logits, `logit_rows` rows of the vocabulary.
+    pub(super) logits: Vec<f32>,
+    pub(super) logit_rows: usize,
+    pub(super) download: Vec<u8>,
+    report: Arc<dyn DeviceReport>,
+    /// Rows of the last step that ran through the GEMM path (tests check both paths).
+    pub(super) gemm_steps: u64,
+}
+
+impl<G: Gpu> CudaBackend<G> {
+    /// Uploads `model`'s weights to `gpu` and allocates the KV cache there.
+    pub fn new(model: &Model, mut gpu: G, opts: CudaOptions) -> Result<Self, GpuError> {
+        let cfg = model.config.clone();
+        let w = DevWeights::upload(&mut gpu, model)?;
+        let pool = BlockPool::for_tokens(opts.kv_tokens.max(BLOCK_TOKENS));
+        let kv_bytes = cfg.n_layers * pool.total_blocks() * BLOCK_TOKENS * cfg.kv_dim() * 4;
+        let k_cache = gpu.alloc(kv_bytes, "KV cache keys")?;
+        let v_cache = gpu.alloc(kv_bytes, "KV cache values")?;
+        let report = gpu.report();
+        tracing::info!(
+            device = %gpu.name(),
+            weights_mib = w.bytes >> 20,
+            kv_tokens = pool.total_blocks() * BLOCK_TOKENS,
+            kv_mib = (2 * kv_bytes) >> 20,
+            "model uploaded to the device"
+        );
+        Ok(CudaBackend {
+            gpu,
+            cfg,
+            w,
+            pool,
+            k_cache,
+            v_cache,
+            scratch: Scratch::default(),
+            opts,
+            logits: Vec::new(),
+            logit_rows: 0,
+            download: Vec::new(),
+            report,
+            gemm_steps: 0,
+        })
+    }
+
+    pub fn gpu(&self) -> &G {
+        &self.gpu
+    }
+
+    pub fn gpu_mut(&mut self) -> &mut G {
+        &mut self.gpu
+    }
+
+    /// Bytes of weights one decode step reads.
+    pub fn weight_bytes_per_step(&self) -> u64 {
+        self.w.bytes_per_step
+    }
+
+    /// Bytes of KV cache per position (all layers, keys and values).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.cfg.n_layers * self.cfg.kv_dim() * 4
+    }
+
+    /// Steps so far whose matrices went through the dequantize + GEMM path.
+    pub fn gemm_steps(&self) -> u64 {
+        self.gemm_steps
+    }
+
+    /// Greedy picks of the last step's logit rows computed on the device (argmax.cu),
+    /// the CPU sampler's rule; the forward itself only downloads logits.
+    pub fn device_argmax(&mut self) -> Result<Vec<u32>, GpuError> {
+        let rows = self.logit_rows;
+        let Some(logits) = self.scratch.logits.filter(|_| rows > 0) else {
+            return Ok(Vec::new());
+        };
+        let out = ensure(&mut self.gpu, &mut self.scratch.argmax, rows * 4, "argmax")?;
+        super::ops::argmax(
+            &mut self.gpu,
+            logits.ptr(),
+            rows,
+            self.cfg.vocab_size,
+            out.ptr(),
+        )?;
+        let mut bytes = vec![0u8; rows * 4];
+        self.gpu.download(out.ptr(), &mut bytes)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Downloads the step's logits into the host buffer the engine reads.
+    pub(super) fn fetch_logits(&mut self, rows: usize) -> Result<(), GpuError> {
+        let vocab = self.cfg.vocab_size;
+        self.logit_rows = rows;
+        self.logits.resize(rows * vocab, 0.0);
+        if rows == 0 {
+            return Ok(());
+        }
+        let Some(buf) = self.scratch.logits else {
+            return Err(GpuError::Bounds("no logits buffer".into()));
+        };
+        self.download.resize(rows * vocab * 4, 0);
+        self.gpu.download(buf.ptr(), &mut self.download)?;
+        read_f32s(&self.download, &mut self.logits);
+        Ok(())
+    }
+}
+
+impl<G: Gpu> Backend for CudaBackend<G> {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Duration, BackendError> {
+        crate::model::forward::check_batch(&self.cfg, batch)?;
+        Ok(self.step(batch)?)
+    }
+
+    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        let v = self.cfg.vocab_size;
+        &mut self.logits[i * v..(i + 1) * v]
+    }
+
+    fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
+        self.pool.reserve(table, positions)
+    }
+
+    fn release(&mut self, table: &mut BlockTable) {
+        self.pool.release(table);
+    }
+
+    fn kv_used_blocks(&self) -> usize {
+        self.pool.used_blocks()
+    }
+
+    fn kv_total_blocks(&self) -> usize {
+        self.pool.total_blocks()
+    }
+
+    fn report(&self) -> Arc<dyn DeviceReport> {
+        self.report.clone()
+    }
+
+    fn threads(&self) -> usize {
+        1
+    }
+}
+
+/// Token ids as the embedding kernel reads them.
+pub(super) fn token_bytes(batch: &[SeqInput<'_>]) -> Vec<u8> {
+    let tokens: Vec<u32> = batch
+        .iter()
+        .flat_map(|s| s.tokens.iter().copied())
+        .collect();
+    u32_bytes(&tokens)
+}

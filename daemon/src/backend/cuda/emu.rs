@@ -1,0 +1,204 @@
+//! [`EmuGpu`]: the [`Gpu`] interface over `sparkd_kernels::emu`, which runs the real
+//! kernel sources on the CPU (one emulator process per launch). Buffers are host
+//! vectors. It exists so that the whole CUDA forward (buffer layout, launch shapes,
+//! argument order, paged-KV indexing) is tested on machines without a GPU; it is far
+//! too slow for anything but tiny models.
+//!
+//! Aliasing is kept honest: when several arguments of one launch point into the same
+//! buffer (an in-place kernel, a row of a larger buffer), the buffer is passed once and
+//! the other arguments become views of it, so the kernel sees one allocation exactly as
+//! on the device, not independent copies.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sparkd_kernels::emu::{Arg, Emulator};
+
+use super::gpu::{Buf, DevPtr, Gpu, GpuError, KArg, Launch};
+use crate::backend::DeviceReport;
+
+pub struct EmuGpu {
+    emu: &'static Emulator,
+    bufs: Vec<Option<Vec<u8>>>,
+    step_started: Option<Instant>,
+    launches: u64,
+    /// Per kernel: launches and wall time in the emulator (tests print where time goes).
+    profile: HashMap<String, (u64, Duration)>,
+}
+
+impl EmuGpu {
+    /// Builds (once per process) the emulator; fails without a C++ compiler.
+    pub fn new() -> Result<Self, GpuError> {
+        Ok(EmuGpu {
+            emu: Emulator::get()?,
+            bufs: Vec::new(),
+            step_started: None,
+            launches: 0,
+            profile: HashMap::new(),
+        })
+    }
+
+    /// Kernel launches so far (tests check which paths ran).
+    pub fn launches(&self) -> u64 {
+        self.launches
+    }
+
+    /// Launch count and emulator time per kernel, most time first.
+    pub fn profile(&self) -> Vec<(String, u64, Duration)> {
+        let mut v: Vec<_> = self
+            .profile
+            .iter()
+            .map(|(k, &(n, t))| (k.clone(), n, t))
+            .collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.2));
+        v
+    }
+
+    fn buf(&self, p: DevPtr, len: usize) -> Result<&Vec<u8>, GpuError> {
+        let b = self
+            .bufs
+            .get(p.buf.id as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| GpuError::Bounds(format!("buffer {} is not allocated", p.buf.id)))?;
+        if p.offset.checked_add(len).is_none_or(|end| end > b.len()) {
+            return Err(GpuError::Bounds(format!(
+                "{len} bytes at offset {} of a {}-byte buffer",
+                p.offset,
+                b.len()
+            )));
+        }
+        Ok(b)
+    }
+}
+
+impl Gpu for EmuGpu {
+    fn alloc(&mut self, bytes: usize, _what: &str) -> Result<Buf, GpuError> {
+        let id = self.bufs.len() as u32;
+        self.bufs.push(Some(vec![0u8; bytes]));
+        Ok(Buf { id, bytes })
+    }
+
+    fn free(&mut self, buf: Buf) {
+        if let Some(b) = self.bufs.get_mut(buf.id as usize) {
+            *b = None;
+        }
+    }
+
+    fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
+        self.buf(dst, src.len())?;
+        if let Some(Some(b)) = self.bufs.get_mut(dst.buf.id as usize) {
+            b[dst.offset..dst.offset + src.len()].copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        let b = self.buf(src, dst.len())?;
+        dst.copy_from_slice(&b[src.offset..src.offset + dst.len()]);
+        Ok(())
+    }
+
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), GpuError> {
+        let data = self.buf(src, bytes)?[src.offset..src.offset + bytes].to_vec();
+        self.upload(dst, &data)
+    }
+
+    fn launch(&mut self, kernel: &str, cfg: Launch, args: &[KArg]) -> Result<(), GpuError> {
+        self.launches += 1;
+        // Take each distinct buffer out of the table once, in argument order.
+        for a in args {
+            if let KArg::Ptr(p) = a {
+                self.buf(*p, 0)?;
+            }
+        }
+        let mut taken: Vec<(u32, Vec<u8>)> = Vec::new();
+        for a in args {
+            if let KArg::Ptr(p) = a {
+                if !taken.iter().any(|(id, _)| *id == p.buf.id) {
+                    let data = self.bufs[p.buf.id as usize].take().unwrap_or_default();
+                    taken.push((p.buf.id, data));
+                }
+            }
+        }
+        let result = {
+            let mut slices: HashMap<u32, &mut [u8]> = taken
+                .iter_mut()
+                .map(|(id, data)| (*id, data.as_mut_slice()))
+                .collect();
+            // The argument index that carries each buffer; later ones are views of it.
+            let mut owner: HashMap<u32, usize> = HashMap::new();
+            let mut emu_args: Vec<Arg<'_>> = Vec::with_capacity(args.len());
+            for (i, a) in args.iter().enumerate() {
+                emu_args.push(match *a {
+                    KArg::Ptr(p) => match owner.get(&p.buf.id) {
+                        Some(&arg) => Arg::View {
+                            arg,
+                            offset: p.offset,
+                        },
+                        None => {
+                            owner.insert(p.buf.id, i);
+                            match slices.remove(&p.buf.id) {
+                                Some(s) => Arg::BufAt(s, p.offset),
+                                None => Arg::Null,
+                            }
+                        }
+                    },
+                    KArg::Null => Arg::Null,
+                    KArg::I32(v) => Arg::I32(v),
+                    KArg::I64(v) => Arg::I64(v),
+                    KArg::F32(v) => Arg::F32(v),
+                });
+            }
+            let t = Instant::now();
+            let r = self
+                .emu
+                .launch(kernel, cfg.grid, cfg.block, &mut emu_args)
+                .map_err(GpuError::from);
+            let e = self.profile.entry(kernel.to_string()).or_default();
+            e.0 += 1;
+            e.1 += t.elapsed();
+            r
+        };
+        for (id, data) in taken {
+            self.bufs[id as usize] = Some(data);
+        }
+        result
+    }
+
+    fn step_begin(&mut self) -> Result<(), GpuError> {
+        self.step_started = Some(Instant::now());
+        Ok(())
+    }
+
+    fn step_end(&mut self) -> Result<Duration, GpuError> {
+        Ok(self
+            .step_started
+            .take()
+            .map_or(Duration::ZERO, |t| t.elapsed()))
+    }
+
+    fn name(&self) -> String {
+        "kernel emulator (CPU)".into()
+    }
+
+    fn memory(&self) -> Option<(u64, u64)> {
+        None
+    }
+
+    fn report(&self) -> Arc<dyn DeviceReport> {
+        Arc::new(EmuReport)
+    }
+}
+
+struct EmuReport;
+
+impl DeviceReport for EmuReport {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device(&self) -> String {
+        "kernel emulator (CPU)".into()
+    }
+}

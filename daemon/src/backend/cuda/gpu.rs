@@ -1,0 +1,151 @@
+//! The device abstraction the CUDA forward is written against: buffers, copies, kernel
+//! launches by name, step timing. Two implementations: [`super::real::CudaGpu`] over the
+//! CUDA driver (cudarc), and [`super::emu::EmuGpu`] over the kernel emulator, which runs
+//! the real `.cu` sources on the CPU so the host logic is tested without a GPU.
+//!
+//! Pointers are (buffer, byte offset) pairs rather than raw addresses: the emulator
+//! needs to know which allocation an argument points into (two arguments into one
+//! buffer must alias there as they do on the device), and offsets are how the forward
+//! addresses a layer of the KV cache or a row of activations.
+
+use std::time::Duration;
+
+/// An allocation on the device. Plain ids: the forward owns its buffers for its whole
+/// life and frees them all with the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Buf {
+    pub id: u32,
+    pub bytes: usize,
+}
+
+impl Buf {
+    /// A pointer `offset` bytes into the buffer.
+    pub fn at(self, offset: usize) -> DevPtr {
+        DevPtr { buf: self, offset }
+    }
+
+    pub fn ptr(self) -> DevPtr {
+        self.at(0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevPtr {
+    pub buf: Buf,
+    pub offset: usize,
+}
+
+impl DevPtr {
+    /// The pointer `bytes` further on.
+    pub fn offset_by(self, bytes: usize) -> DevPtr {
+        DevPtr {
+            buf: self.buf,
+            offset: self.offset + bytes,
+        }
+    }
+}
+
+/// One kernel parameter, in the kernel's parameter order.
+#[derive(Debug, Clone, Copy)]
+pub enum KArg {
+    Ptr(DevPtr),
+    Null,
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+/// Grid, block and dynamic shared memory of a launch (the kernels use static shared
+/// memory only, so `shared` is 0 today).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared: u32,
+}
+
+impl Launch {
+    pub fn new(grid: [u32; 3], block: u32) -> Self {
+        Launch {
+            grid,
+            block: [block, 1, 1],
+            shared: 0,
+        }
+    }
+
+    pub fn linear(blocks: usize, block: u32) -> Self {
+        Self::new([to_u32(blocks.max(1)), 1, 1], block)
+    }
+}
+
+/// Grid dimensions come from buffer sizes that the forward has already bounded; a
+/// value past u32 would be a host bug, and clamping keeps it a wrong launch the
+/// kernels' own bounds checks catch rather than a panic.
+pub fn to_u32(v: usize) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("{call} failed: {error}")]
+    Driver { call: &'static str, error: String },
+    #[error("out of device memory: {bytes} more bytes wanted ({what})")]
+    OutOfMemory { bytes: usize, what: String },
+    #[error("no kernel named `{0}` in the compiled modules")]
+    NoKernel(String),
+    #[error("kernel {kernel}: {message}")]
+    Launch { kernel: String, message: String },
+    #[error("bad device access: {0}")]
+    Bounds(String),
+    #[error("cannot compile the kernels: {0}")]
+    Compile(#[from] sparkd_kernels::KernelError),
+    #[error("kernel emulator: {0}")]
+    Emulator(#[from] sparkd_kernels::emu::EmuError),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// What a device can do for the forward.
+pub trait Gpu: Send {
+    /// A zeroed buffer of `bytes` bytes; `what` names it in errors.
+    fn alloc(&mut self, bytes: usize, what: &str) -> Result<Buf, GpuError>;
+    fn free(&mut self, buf: Buf);
+    /// Host to device, ordered with the launches before and after it.
+    fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError>;
+    /// Device to host; waits for the launches before it.
+    fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError>;
+    /// Queues `kernel` with `args` in parameter order.
+    fn launch(&mut self, kernel: &str, cfg: Launch, args: &[KArg]) -> Result<(), GpuError>;
+    /// Marks the start of a step (a CUDA event on the real device).
+    fn step_begin(&mut self) -> Result<(), GpuError>;
+    /// Ends the step: waits for it and returns its duration on the device.
+    fn step_end(&mut self) -> Result<Duration, GpuError>;
+    /// Device-to-device copy of `bytes` bytes (benchmarks measure bandwidth with it).
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), GpuError>;
+    /// `name (sm_NN)`.
+    fn name(&self) -> String;
+    /// (free, total) device memory, when the device can say.
+    fn memory(&self) -> Option<(u64, u64)>;
+    /// For `Status`, usable from any thread.
+    fn report(&self) -> std::sync::Arc<dyn crate::backend::DeviceReport>;
+}
+
+/// Little-endian bytes of f32s (the host and every CUDA device are little-endian).
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Decodes little-endian f32s into `out` (which sets the count).
+pub fn read_f32s(bytes: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}

@@ -1,0 +1,385 @@
+//! One launch per operation of the forward, with the grid, block and argument order
+//! each kernel's header comment documents (kernels/*.cu). Nothing here decides what
+//! runs; `forward.rs` does.
+
+use sparkd_kernels::consts::{
+    ATTN_DECODE_THREADS, ATTN_PREFILL_QUERIES, ATTN_PREFILL_THREADS, GEMM_THREADS, GEMM_TILE,
+    MMV_MAX_BATCH, MMV_ROWS_PER_BLOCK, MMV_THREADS,
+};
+use sparkd_kernels::names::{self, Half, KvType};
+
+use super::gpu::{to_u32, Buf, DevPtr, Gpu, GpuError, KArg, Launch};
+use super::weights::DevMatrix;
+
+/// Threads of the element-wise and grid-stride kernels.
+const EW_THREADS: u32 = 256;
+/// Most blocks a grid-stride launch gets: enough to fill any GPU, and it keeps the
+/// emulator (which runs blocks one after another) from spawning needless threads.
+const MAX_STRIDE_BLOCKS: usize = 4096;
+
+fn i32_arg(v: usize) -> KArg {
+    KArg::I32(i32::try_from(v).unwrap_or(i32::MAX))
+}
+
+fn stride_blocks(count: usize) -> usize {
+    count
+        .div_ceil(EW_THREADS as usize)
+        .clamp(1, MAX_STRIDE_BLOCKS)
+}
+
+/// Block size for a row-wise reduction over `n` elements: a warp multiple up to 256.
+fn row_threads(n: usize) -> u32 {
+    (n.div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+pub fn embed(
+    gpu: &mut dyn Gpu,
+    table: &DevMatrix,
+    tokens: DevPtr,
+    out: DevPtr,
+    n: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        &names::embed(table.ty),
+        Launch::linear(n, 256),
+        &[
+            KArg::Ptr(table.buf.ptr()),
+            KArg::Ptr(tokens),
+            KArg::Ptr(out),
+            i32_arg(n),
+            i32_arg(table.cols),
+            i32_arg(table.rows),
+        ],
+    )
+}
+
+/// `out[r] = rmsnorm(x[r]) * w` for `rows` rows of `n`; `out` may be `x`.
+pub fn rmsnorm(
+    gpu: &mut dyn Gpu,
+    x: DevPtr,
+    w: Buf,
+    out: DevPtr,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        names::RMSNORM,
+        Launch::linear(rows, row_threads(n)),
+        &[
+            KArg::Ptr(x),
+            KArg::Ptr(w.ptr()),
+            KArg::Ptr(out),
+            i32_arg(n),
+            KArg::F32(eps),
+        ],
+    )
+}
+
+/// `y = x W^T (+ bias) (+ y)` with the decode mat-vec, `MMV_MAX_BATCH` rows a launch.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec(
+    gpu: &mut dyn Gpu,
+    w: &DevMatrix,
+    x: DevPtr,
+    y: DevPtr,
+    n: usize,
+    bias: Option<Buf>,
+    accumulate: bool,
+) -> Result<(), GpuError> {
+    let mut row = 0;
+    while row < n {
+        let nb = (n - row).min(MMV_MAX_BATCH);
+        let variant = names::mmv_variant(nb).unwrap_or(MMV_MAX_BATCH);
+        gpu.launch(
+            &names::mmv(w.ty, variant),
+            Launch::linear(w.rows.div_ceil(MMV_ROWS_PER_BLOCK), MMV_THREADS),
+            &[
+                KArg::Ptr(w.buf.ptr()),
+                KArg::Ptr(x.offset_by(row * w.cols * 4)),
+                KArg::Ptr(y.offset_by(row * w.rows * 4)),
+                bias.map_or(KArg::Null, |b| KArg::Ptr(b.ptr())),
+                i32_arg(w.rows),
+                i32_arg(w.cols),
+                i32_arg(nb),
+                KArg::I32(accumulate as i32),
+            ],
+        )?;
+        row += nb;
+    }
+    Ok(())
+}
+
+/// The prefill path: `x` converted to f16 into `a16`, the whole of `w` dequantized to
+/// f16 into `w16`, then the tensor-core GEMM `y = x W^T (+ bias) (+ y)`. The GEMM writes
+/// its output with leading dimension `w.rows`, so a panel of `w`'s rows could not land
+/// in place: the scratch holds the whole matrix (the caller sizes it for the largest
+/// layer matrix and falls back to the mat-vec for anything bigger).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    gpu: &mut dyn Gpu,
+    w: &DevMatrix,
+    x: DevPtr,
+    y: DevPtr,
+    n: usize,
+    bias: Option<Buf>,
+    accumulate: bool,
+    a16: Buf,
+    w16: Buf,
+) -> Result<(), GpuError> {
+    let count = n * w.cols;
+    gpu.launch(
+        &names::convert_from_f32(Half::F16),
+        Launch::linear(stride_blocks(count), EW_THREADS),
+        &[KArg::Ptr(x), KArg::Ptr(a16.ptr()), KArg::I64(count as i64)],
+    )?;
+    let elems = w.rows * w.cols;
+    gpu.launch(
+        &names::dequant(w.ty, Half::F16),
+        Launch::linear(stride_blocks(elems.div_ceil(8)), EW_THREADS),
+        &[
+            KArg::Ptr(w.buf.ptr()),
+            KArg::Ptr(w16.ptr()),
+            i32_arg(w.rows),
+            i32_arg(w.cols),
+        ],
+    )?;
+    gpu.launch(
+        &names::gemm(Half::F16),
+        Launch::new(
+            [
+                to_u32(w.rows.div_ceil(GEMM_TILE)),
+                to_u32(n.div_ceil(GEMM_TILE)),
+                1,
+            ],
+            GEMM_THREADS,
+        ),
+        &[
+            KArg::Ptr(a16.ptr()),
+            KArg::Ptr(w16.ptr()),
+            KArg::Ptr(y),
+            bias.map_or(KArg::Null, |b| KArg::Ptr(b.ptr())),
+            i32_arg(n),
+            i32_arg(w.rows),
+            i32_arg(w.cols),
+            KArg::I32(accumulate as i32),
+        ],
+    )
+}
+
+/// Rotates `q` and `k` in place at the tokens' positions.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    gpu: &mut dyn Gpu,
+    q: DevPtr,
+    k: DevPtr,
+    pos: DevPtr,
+    inv_freq: Buf,
+    n: usize,
+    heads: (usize, usize),
+    head_dim: usize,
+    n_pairs: usize,
+    linear_scale: f32,
+    neox: bool,
+) -> Result<(), GpuError> {
+    let total = n * (heads.0 + heads.1) * n_pairs;
+    if total == 0 {
+        return Ok(());
+    }
+    gpu.launch(
+        names::ROPE,
+        Launch::linear(stride_blocks(total), EW_THREADS),
+        &[
+            KArg::Ptr(q),
+            KArg::Ptr(k),
+            KArg::Ptr(pos),
+            KArg::Ptr(inv_freq.ptr()),
+            i32_arg(n),
+            i32_arg(heads.0),
+            i32_arg(heads.1),
+            i32_arg(head_dim),
+            i32_arg(n_pairs),
+            KArg::F32(linear_scale),
+            KArg::I32(neox as i32),
+        ],
+    )
+}
+
+/// Stores the tokens' keys and values at their cache slots (`block * 16 + slot`).
+#[allow(clippy::too_many_arguments)]
+pub fn kv_write(
+    gpu: &mut dyn Gpu,
+    k: DevPtr,
+    v: DevPtr,
+    k_cache: DevPtr,
+    v_cache: DevPtr,
+    slots: DevPtr,
+    n: usize,
+    kv_dim: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        &names::kv_write(KvType::F32),
+        Launch::linear(stride_blocks(n * kv_dim), EW_THREADS),
+        &[
+            KArg::Ptr(k),
+            KArg::Ptr(v),
+            KArg::Ptr(k_cache),
+            KArg::Ptr(v_cache),
+            KArg::Ptr(slots),
+            i32_arg(n),
+            i32_arg(kv_dim),
+        ],
+    )
+}
+
+/// Shapes shared by both attention kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub n_seqs: usize,
+    pub max_blocks: usize,
+}
+
+impl AttnShape {
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+/// Device pointers of a layer's cache and the step's tables.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnInputs {
+    pub q: DevPtr,
+    pub k_cache: DevPtr,
+    pub v_cache: DevPtr,
+    pub block_tables: DevPtr,
+    pub out: DevPtr,
+}
+
+/// Decode attention, one query per sequence (query row s for sequence s), split-K over
+/// `n_splits` partitions with the reduction when there is more than one.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_decode(
+    gpu: &mut dyn Gpu,
+    s: AttnShape,
+    io: AttnInputs,
+    seq_lens: DevPtr,
+    n_splits: usize,
+    part_o: Buf,
+    part_ml: Buf,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        &names::attn_decode(KvType::F32),
+        Launch::new(
+            [to_u32(s.n_kv_heads), to_u32(s.n_seqs), to_u32(n_splits)],
+            ATTN_DECODE_THREADS,
+        ),
+        &[
+            KArg::Ptr(io.q),
+            KArg::Ptr(io.k_cache),
+            KArg::Ptr(io.v_cache),
+            KArg::Ptr(io.block_tables),
+            i32_arg(s.max_blocks),
+            KArg::Ptr(seq_lens),
+            KArg::Null,
+            KArg::Ptr(io.out),
+            KArg::Ptr(part_o.ptr()),
+            KArg::Ptr(part_ml.ptr()),
+            i32_arg(s.n_heads),
+            i32_arg(s.n_kv_heads),
+            i32_arg(s.head_dim),
+            KArg::F32(s.scale()),
+        ],
+    )?;
+    if n_splits > 1 {
+        gpu.launch(
+            names::ATTN_DECODE_REDUCE,
+            Launch::new(
+                [to_u32(s.n_heads), to_u32(s.n_seqs), 1],
+                ATTN_DECODE_THREADS,
+            ),
+            &[
+                KArg::Ptr(part_o.ptr()),
+                KArg::Ptr(part_ml.ptr()),
+                KArg::Ptr(seq_lens),
+                KArg::Null,
+                KArg::Ptr(io.out),
+                i32_arg(s.n_heads),
+                i32_arg(s.head_dim),
+                i32_arg(n_splits),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Causal attention of prefill chunks (any number of queries per sequence) over the
+/// cached prefix and the chunk itself.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_prefill(
+    gpu: &mut dyn Gpu,
+    s: AttnShape,
+    io: AttnInputs,
+    q_start: DevPtr,
+    q_len: DevPtr,
+    start_pos: DevPtr,
+    max_q_len: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        &names::attn_prefill(KvType::F32),
+        Launch::new(
+            [
+                to_u32(max_q_len.div_ceil(ATTN_PREFILL_QUERIES)),
+                to_u32(s.n_heads),
+                to_u32(s.n_seqs),
+            ],
+            ATTN_PREFILL_THREADS,
+        ),
+        &[
+            KArg::Ptr(io.q),
+            KArg::Ptr(io.k_cache),
+            KArg::Ptr(io.v_cache),
+            KArg::Ptr(io.block_tables),
+            i32_arg(s.max_blocks),
+            KArg::Ptr(q_start),
+            KArg::Ptr(q_len),
+            KArg::Ptr(start_pos),
+            KArg::Ptr(io.out),
+            i32_arg(s.n_heads),
+            i32_arg(s.n_kv_heads),
+            i32_arg(s.head_dim),
+            KArg::F32(s.scale()),
+        ],
+    )
+}
+
+/// `gate = silu(gate) * up` over `count` elements (the output overwrites `gate`).
+pub fn swiglu(gpu: &mut dyn Gpu, gate: DevPtr, up: DevPtr, count: usize) -> Result<(), GpuError> {
+    gpu.launch(
+        names::SWIGLU,
+        Launch::linear(stride_blocks(count), EW_THREADS),
+        &[
+            KArg::Ptr(gate),
+            KArg::Ptr(up),
+            KArg::Ptr(gate),
+            KArg::I64(count as i64),
+        ],
+    )
+}
+
+/// Index of each row's largest logit (the CPU sampler's greedy rule).
+pub fn argmax(
+    gpu: &mut dyn Gpu,
+    logits: DevPtr,
+    rows: usize,
+    n: usize,
+    out: DevPtr,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        names::ARGMAX,
+        Launch::linear(rows, 256),
+        &[KArg::Ptr(logits), i32_arg(n), KArg::Ptr(out)],
+    )
+}

@@ -1,0 +1,333 @@
+//! [`CudaGpu`]: the [`Gpu`] interface over the CUDA driver API (cudarc, loaded
+//! dynamically, so the same binary runs without CUDA). One context (the device's
+//! primary one), one stream, every kernel module compiled by NVRTC for the device's
+//! architecture (`sparkd_kernels::compile`, cached PTX) and loaded at start, and a pair
+//! of CUDA events around each step for its duration on the device.
+//!
+//! Decode steps are launched kernel by kernel; capturing them as CUDA graphs per
+//! batch-size bucket is not done yet.
+//!
+//! Every `unsafe` block here is a driver call; the invariants they share: the context
+//! is bound to the calling thread first (the backend is built on one thread and runs
+//! on the engine's), device pointers come from `cuMemAlloc` in this struct and are
+//! freed only in `free`/`Drop`, and bounds are checked on the host before each copy.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::result::{self, stream::StreamKind, DriverError};
+use cudarc::driver::{sys, CudaContext};
+use sparkd_kernels::Arch;
+
+use super::gpu::{Buf, DevPtr, Gpu, GpuError, KArg, Launch};
+use crate::backend::DeviceReport;
+
+fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuError {
+    move |e| GpuError::Driver {
+        call,
+        error: e
+            .error_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("{:?}", e.0)),
+    }
+}
+
+pub struct CudaGpu {
+    ctx: Arc<CudaContext>,
+    stream: sys::CUstream,
+    modules: Vec<sys::CUmodule>,
+    functions: HashMap<String, sys::CUfunction>,
+    bufs: Vec<Option<(sys::CUdeviceptr, usize)>>,
+    start: sys::CUevent,
+    end: sys::CUevent,
+    name: String,
+    arch: Arch,
+    /// Parameter storage reused across launches.
+    params: Vec<u64>,
+}
+
+// SAFETY: the raw driver handles (stream, modules, functions, events) belong to this
+// struct and are used only through `&mut self`, i.e. by one thread at a time, which
+// binds the context before every driver call; the driver API itself is thread-safe.
+unsafe impl Send for CudaGpu {}
+
+impl CudaGpu {
+    /// Opens GPU `ordinal` and loads every kernel compiled for `arch`. The caller has
+    /// probed the device (`device::probe`), so the driver library is known to exist;
+    /// this checks again rather than let cudarc panic.
+    pub fn new(ordinal: usize, arch: Arch) -> Result<Self, GpuError> {
+        // SAFETY: a dlopen probe of the driver library, nothing else.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::Unsupported(
+                "no CUDA device: libcuda.so.1 cannot be loaded".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
+        let ptx = sparkd_kernels::compile(&arch.to_string())?;
+        let stream =
+            result::stream::create(StreamKind::NonBlocking).map_err(driver("cuStreamCreate"))?;
+        let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(driver("cuEventCreate"))?;
+        let end = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(driver("cuEventCreate"))?;
+        let mut gpu = CudaGpu {
+            ctx,
+            stream,
+            modules: Vec::new(),
+            functions: HashMap::new(),
+            bufs: Vec::new(),
+            start,
+            end,
+            name,
+            arch,
+            params: Vec::new(),
+        };
+        for module in &ptx.modules {
+            let image = CString::new(module.text()).map_err(|_| {
+                GpuError::Unsupported(format!("{}: PTX holds a NUL", module.module()))
+            })?;
+            // SAFETY: a NUL-terminated PTX image that outlives the call.
+            let m = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+                .map_err(driver("cuModuleLoadData"))?;
+            gpu.modules.push(m);
+            for entry in module.entry_points() {
+                let c = CString::new(entry).map_err(|_| GpuError::NoKernel(entry.into()))?;
+                // SAFETY: `m` was just loaded and is unloaded only in Drop.
+                let f = unsafe { result::module::get_function(m, c) }
+                    .map_err(driver("cuModuleGetFunction"))?;
+                gpu.functions.insert(entry.to_string(), f);
+            }
+        }
+        tracing::info!(
+            device = %gpu.name,
+            arch = %gpu.arch,
+            kernels = gpu.functions.len(),
+            "CUDA kernels loaded"
+        );
+        Ok(gpu)
+    }
+
+    fn bind(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
+    }
+
+    /// The raw address of `p`, after checking that `len` bytes there are allocated.
+    fn addr(&self, p: DevPtr, len: usize) -> Result<sys::CUdeviceptr, GpuError> {
+        let (base, size) = self
+            .bufs
+            .get(p.buf.id as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| GpuError::Bounds(format!("buffer {} is not allocated", p.buf.id)))?;
+        if p.offset.checked_add(len).is_none_or(|e| e > size) {
+            return Err(GpuError::Bounds(format!(
+                "{len} bytes at offset {} of a {size}-byte buffer",
+                p.offset
+            )));
+        }
+        Ok(base + p.offset as u64)
+    }
+
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+}
+
+impl Gpu for CudaGpu {
+    fn alloc(&mut self, bytes: usize, what: &str) -> Result<Buf, GpuError> {
+        self.bind()?;
+        // cuMemAlloc refuses 0 bytes; an empty tensor still gets a valid address.
+        let size = bytes.max(16);
+        // SAFETY: context bound; the memory is zeroed below before any use.
+        let ptr = unsafe { result::malloc_sync(size) }.map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                GpuError::OutOfMemory {
+                    bytes: size,
+                    what: what.to_string(),
+                }
+            } else {
+                driver("cuMemAlloc")(e)
+            }
+        })?;
+        // SAFETY: `ptr` holds `size` bytes just allocated; ordered on our stream.
+        unsafe { result::memset_d8_async(ptr, 0, size, self.stream) }
+            .map_err(driver("cuMemsetD8Async"))?;
+        let id = self.bufs.len() as u32;
+        self.bufs.push(Some((ptr, size)));
+        Ok(Buf { id, bytes })
+    }
+
+    fn free(&mut self, buf: Buf) {
+        if let Some(slot) = self.bufs.get_mut(buf.id as usize) {
+            if let Some((ptr, _)) = slot.take() {
+                if self.ctx.bind_to_thread().is_ok() {
+                    // SAFETY: context bound; the stream is drained first so no queued
+                    // kernel still uses the memory; `ptr` came from malloc_sync.
+                    unsafe {
+                        let _ = result::stream::synchronize(self.stream);
+                        let _ = result::free_sync(ptr);
+                    }
+                }
+            }
+        }
+    }
+
+    fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
+        self.bind()?;
+        let addr = self.addr(dst, src.len())?;
+        // SAFETY: bounds checked above. From pageable memory the driver stages `src`
+        // before returning, so the host buffer may be reused at once.
+        unsafe { result::memcpy_htod_async(addr, src, self.stream) }
+            .map_err(driver("cuMemcpyHtoDAsync"))
+    }
+
+    fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.bind()?;
+        let addr = self.addr(src, dst.len())?;
+        // SAFETY: bounds checked above; the stream is synchronised before `dst` is
+        // touched again, so the asynchronous copy has landed when this returns.
+        unsafe {
+            result::memcpy_dtoh_async(dst, addr, self.stream)
+                .map_err(driver("cuMemcpyDtoHAsync"))?;
+            result::stream::synchronize(self.stream).map_err(driver("cuStreamSynchronize"))
+        }
+    }
+
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), GpuError> {
+        self.bind()?;
+        let (d, s) = (self.addr(dst, bytes)?, self.addr(src, bytes)?);
+        // SAFETY: both ranges checked above.
+        unsafe { result::memcpy_dtod_async(d, s, bytes, self.stream) }
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
+    fn launch(&mut self, kernel: &str, cfg: Launch, args: &[KArg]) -> Result<(), GpuError> {
+        self.bind()?;
+        let f = *self
+            .functions
+            .get(kernel)
+            .ok_or_else(|| GpuError::NoKernel(kernel.to_string()))?;
+        // Each parameter in its own 8-byte slot; the driver reads as many bytes of each
+        // as the kernel's signature says (4 for int/float, 8 for pointers and i64), and
+        // the host is little-endian, so the low bytes hold 32-bit values.
+        self.params.clear();
+        for a in args {
+            self.params.push(match *a {
+                KArg::Ptr(p) => self.addr(p, 0)?,
+                KArg::Null => 0,
+                KArg::I32(v) => v as u32 as u64,
+                KArg::I64(v) => v as u64,
+                KArg::F32(v) => v.to_bits() as u64,
+            });
+        }
+        let mut ptrs: Vec<*mut c_void> = self
+            .params
+            .iter_mut()
+            .map(|p| p as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: `f` is a function of a loaded module; `ptrs` points at one value per
+        // kernel parameter, alive until cuLaunchKernel returns (it copies them); the
+        // buffers the pointers address are allocated and stay so until `free`, which
+        // drains the stream first.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (cfg.grid[0], cfg.grid[1], cfg.grid[2]),
+                (cfg.block[0], cfg.block[1], cfg.block[2]),
+                cfg.shared,
+                self.stream,
+                &mut ptrs,
+            )
+        }
+        .map_err(|e| GpuError::Launch {
+            kernel: kernel.to_string(),
+            message: driver("cuLaunchKernel")(e).to_string(),
+        })
+    }
+
+    fn step_begin(&mut self) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: both handles were created in `new` and live until Drop.
+        unsafe { result::event::record(self.start, self.stream) }.map_err(driver("cuEventRecord"))
+    }
+
+    fn step_end(&mut self) -> Result<Duration, GpuError> {
+        self.bind()?;
+        // SAFETY: events and stream created in `new`; `start` was recorded on the
+        // same stream before `end`.
+        let ms = unsafe {
+            result::event::record(self.end, self.stream).map_err(driver("cuEventRecord"))?;
+            result::event::synchronize(self.end).map_err(driver("cuEventSynchronize"))?;
+            result::event::elapsed(self.start, self.end).map_err(driver("cuEventElapsedTime"))?
+        };
+        Ok(Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3))
+    }
+
+    fn name(&self) -> String {
+        format!("{} ({})", self.name, self.arch)
+    }
+
+    fn memory(&self) -> Option<(u64, u64)> {
+        self.ctx
+            .mem_get_info()
+            .ok()
+            .map(|(free, total)| (free as u64, total as u64))
+    }
+
+    fn report(&self) -> Arc<dyn DeviceReport> {
+        Arc::new(CudaReport {
+            ctx: self.ctx.clone(),
+            name: self.name(),
+        })
+    }
+}
+
+impl Drop for CudaGpu {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        // SAFETY: context bound; every handle was created in `new` or `alloc` and is
+        // released exactly once here, after the stream has drained.
+        unsafe {
+            let _ = result::stream::synchronize(self.stream);
+            for (ptr, _) in self.bufs.drain(..).flatten() {
+                let _ = result::free_sync(ptr);
+            }
+            for m in self.modules.drain(..) {
+                let _ = result::module::unload(m);
+            }
+            let _ = result::event::destroy(self.start);
+            let _ = result::event::destroy(self.end);
+            let _ = result::stream::destroy(self.stream);
+        }
+    }
+}
+
+/// `Status`'s view of the device: its name and, read when asked, its free memory.
+struct CudaReport {
+    ctx: Arc<CudaContext>,
+    name: String,
+}
+
+impl DeviceReport for CudaReport {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device(&self) -> String {
+        const GIB: f64 = (1u64 << 30) as f64;
+        match self.ctx.mem_get_info() {
+            Ok((free, total)) => format!(
+                "{} · {:.1} of {:.1} GiB free",
+                self.name,
+                free as f64 / GIB,
+                total as f64 / GIB
+            ),
+            Err(_) => self.name.clone(),
+        }
+    }
+}

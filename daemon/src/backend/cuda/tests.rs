@@ -1,0 +1,191 @@
+//! The whole CUDA forward run through the kernel emulator (the real `.cu` sources on the
+//! CPU) on tiny synthetic models, compared with the CPU forward: every weight format
+//! the synthetic models come in, Qwen2's biases, Qwen3's q/k norm, prefill chunks of
+//! several sequences (through dequantize + GEMM and through the mat-vec), mixed
+//! prefill/decode steps and batched decode over paged KV with a shuffled block pool.
+//! Skipped, with a message, only when no C++ compiler is present.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sparkd_kernels::emu::EmuError;
+
+use super::{CudaBackend, CudaOptions, EmuGpu, GpuError};
+use crate::backend::parity::{compare, greedy, ParityPlan};
+use crate::backend::{Backend, CpuBackend};
+use crate::gguf::GgufFile;
+use crate::model::synth::{synth_gguf, SynthSpec};
+use crate::model::{Arch, Model};
+use crate::quant::GgmlType;
+
+fn emulator() -> Option<EmuGpu> {
+    match EmuGpu::new() {
+        Ok(g) => Some(g),
+        Err(GpuError::Emulator(EmuError::NoCompiler(msg))) => {
+            eprintln!("SKIPPED: the CUDA forward emulation needs a C++ compiler: {msg}");
+            None
+        }
+        Err(e) => panic!("kernel emulator: {e}"),
+    }
+}
+
+fn model(spec: &SynthSpec) -> Arc<Model> {
+    let bytes = synth_gguf(spec).expect("synth").to_bytes();
+    let file = GgufFile::from_bytes(bytes).expect("parse synth");
+    Arc::new(Model::from_file(file, Path::new("synth.gguf")).expect("load synth"))
+}
+
+/// A llama-shaped spec; K-quants need rows of 256, so those models are 256 wide.
+fn spec(arch: Arch, ty: GgmlType) -> SynthSpec {
+    let mut s = SynthSpec::tiny();
+    s.arch = arch;
+    s.weight_type = ty;
+    s.seed = 1000 + ty.id() as u64;
+    if ty.block_elems() == 256 {
+        s.d_model = 256;
+        s.ffn_dim = 256;
+        s.n_heads = 4;
+        s.n_kv_heads = 2;
+        s.tied_embeddings = false;
+    }
+    s
+}
+
+fn prompt(n: usize, salt: u32, vocab: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + salt * 11 + 5) % vocab as u32)
+        .collect()
+}
+
+/// Three sequences: 21 and 40 prompt tokens in chunks of 16 beside a 7-token one, so
+/// steps mix first chunks, last chunks and decodes, then batched decode to `steps`.
+fn plan(vocab: usize, steps: usize) -> ParityPlan {
+    ParityPlan {
+        prompts: vec![
+            prompt(21, 1, vocab),
+            prompt(7, 2, vocab),
+            prompt(40, 3, vocab),
+        ],
+        chunk: 16,
+        steps,
+    }
+}
+
+/// Runs `plan` on the CPU and on the emulated CUDA forward; asserts the bar.
+fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) {
+    let Some(emu) = emulator() else { return };
+    let m = model(spec);
+    let mut cpu = CpuBackend::new(m.clone(), 1024, 1);
+    let mut gpu = CudaBackend::new(&m, emu, opts).expect("upload to the emulated device");
+    // Blocks come out of the device pool in a scrambled order, so the block tables the
+    // kernels follow are not the identity (the CPU pool stays in order).
+    gpu.pool.shuffle_free_list(7);
+    let started = std::time::Instant::now();
+    let report = compare(&mut cpu, &mut gpu, plan, |step, seq, err, a, b| {
+        eprintln!("{name}: step {step} seq {seq}: rel err {err:.2e}, argmax cpu {a} gpu {b}");
+    })
+    .expect("parity run");
+    eprintln!(
+        "{name}: {report:?}, {} launches, {} GEMM steps, {:.1} s",
+        gpu.gpu().launches(),
+        gpu.gemm_steps(),
+        started.elapsed().as_secs_f64()
+    );
+    for (k, n, t) in gpu.gpu().profile().iter().take(8) {
+        eprintln!("{name}:   {k}: {n} launches, {:.2} s", t.as_secs_f64());
+    }
+    assert_eq!(report.steps, plan.steps);
+    assert!(report.max_rel_err < 1e-2, "{name}: {report:?}");
+    // Random weights make near ties common: a different pick counts only when the CPU
+    // scores it within the error bar of its own (parity::NEAR_TIE).
+    assert_eq!(
+        report.greedy_matched + report.near_tie_steps,
+        report.steps,
+        "{name}: {report:?}"
+    );
+    assert!(report.prefill_rows > 0);
+    // The device argmax of the last step agrees with the host's pick of the same rows.
+    let on_device = gpu.device_argmax().expect("device argmax");
+    assert_eq!(on_device.len(), plan.prompts.len());
+    for (i, &t) in on_device.iter().enumerate() {
+        assert_eq!(
+            t,
+            greedy(gpu.logits_mut(i)),
+            "{name}: device argmax row {i}"
+        );
+    }
+    assert_eq!(gpu.kv_used_blocks(), 0, "tables released");
+}
+
+fn opts(gemm_min_tokens: usize) -> CudaOptions {
+    CudaOptions {
+        kv_tokens: 1024,
+        gemm_min_tokens,
+        ..CudaOptions::default()
+    }
+}
+
+/// The emulator runs a launch's blocks one after another on OS threads, so each test
+/// keeps to what its case needs: one layer unless the case is about layers, and steps
+/// of at least 8 tokens through the GEMM (cheap to emulate) rather than the 16-row
+/// mat-vec (the costliest kernel to emulate: hundreds of warp shuffles per block).
+fn one_layer(mut s: SynthSpec) -> SynthSpec {
+    s.n_layers = 1;
+    s
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_q4_0_two_layers() {
+    // Two layers: the per-layer offsets into the KV cache and the residual stream
+    // carried across layers; five steps, the last two pure batched decode.
+    let s = spec(Arch::Llama, GgmlType::Q4_0);
+    check("llama Q4_0", &s, &plan(s.vocab_size, 5), opts(8));
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_q4_1_matvec_only() {
+    // No GEMM: the prefill chunks go through the mat-vec, 16 rows a launch.
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q4_1));
+    let p = ParityPlan {
+        prompts: vec![prompt(18, 4, s.vocab_size), prompt(3, 5, s.vocab_size)],
+        chunk: 16,
+        steps: 3,
+    };
+    check("llama Q4_1", &s, &p, opts(usize::MAX));
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_q8_0() {
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q8_0));
+    check("llama Q8_0", &s, &plan(s.vocab_size, 4), opts(8));
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_f16() {
+    let s = one_layer(spec(Arch::Llama, GgmlType::F16));
+    check("llama F16", &s, &plan(s.vocab_size, 4), opts(8));
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_q4_k() {
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q4_K));
+    check("llama Q4_K", &s, &plan(s.vocab_size, 4), opts(8));
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_q6_k() {
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q6_K));
+    check("llama Q6_K", &s, &plan(s.vocab_size, 4), opts(8));
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_qwen2_with_biases() {
+    let s = one_layer(spec(Arch::Qwen2, GgmlType::Q8_0));
+    check("qwen2 Q8_0", &s, &plan(s.vocab_size, 4), opts(8));
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_qwen3_with_qk_norm() {
+    let s = one_layer(spec(Arch::Qwen3, GgmlType::Q4_1));
+    check("qwen3 Q4_1", &s, &plan(s.vocab_size, 4), opts(8));
+}

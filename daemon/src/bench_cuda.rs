@@ -1,0 +1,233 @@
+//! The CUDA subcommands of gpu-check.sh (scripts/gpu-check.sh documents their output):
+//! `sparkd gpu-parity` (GPU logits and greedy tokens against the CPU forward) and
+//! `sparkd bench --device cuda` (device copy bandwidth, batched decode, prefill; JSON
+//! lines). Both need a GPU; without one they stop with the probe's error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::json;
+
+use crate::backend::cuda::{
+    probe, CudaBackend, CudaGpu, CudaOptions, DeviceChoice, DeviceRequest, Gpu, GpuInfo,
+};
+use crate::backend::parity::{compare, ParityPlan};
+use crate::backend::{Backend, CpuBackend};
+use crate::cli::{model_path, GpuParityArgs};
+use crate::model::{BlockTable, Model, SeqInput};
+use sparkd_kernels::Arch;
+
+/// Tokens spread over the vocabulary, repeatable, no tokenizer needed.
+fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
+        .collect()
+}
+
+/// The GPU `request` names, or the probe's reason why there is none.
+fn cuda_device(request: DeviceRequest) -> anyhow::Result<(GpuInfo, Arch)> {
+    match probe(request).with_context(|| format!("no CUDA device for --device {request}"))? {
+        DeviceChoice::Cuda { gpu, arch, .. } => Ok((gpu, arch)),
+        DeviceChoice::Cpu { reason } => {
+            anyhow::bail!("no CUDA device for --device {request}: {reason}")
+        }
+    }
+}
+
+pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
+    if args.device == DeviceRequest::Cpu {
+        anyhow::bail!("gpu-parity compares a GPU with the CPU: --device must be cuda[:N]");
+    }
+    let (gpu_info, arch) = cuda_device(args.device)?;
+    let path = model_path(&args.model, false)?;
+    let model = Arc::new(Model::load(&path)?);
+    let vocab = model.config.vocab_size;
+    // Two sequences, prefilled together, then batched greedy decode.
+    let prompts = vec![tokens(48, vocab, 1), tokens(20, vocab, 2)];
+    let kv_tokens = 2 * (48 + args.steps + 32);
+    let threads = args
+        .threads
+        .unwrap_or_else(crate::backend::cpu::physical_cores);
+    let mut cpu = CpuBackend::new(model.clone(), kv_tokens, threads);
+    let dev = CudaGpu::new(gpu_info.ordinal, arch)?;
+    let mut gpu = CudaBackend::new(
+        &model,
+        dev,
+        CudaOptions {
+            kv_tokens,
+            ..CudaOptions::default()
+        },
+    )?;
+    let plan = ParityPlan {
+        prompts,
+        chunk: usize::MAX,
+        steps: args.steps,
+    };
+    let report = compare(&mut cpu, &mut gpu, &plan, |step, seq, err, a, b| {
+        tracing::debug!(step, seq, err, cpu = a, gpu = b, "parity row");
+    })?;
+    let pass = report.max_rel_err < 1e-2 && report.greedy_matched == report.steps;
+    println!(
+        "{}",
+        json!({
+            "model": args.model,
+            "device": gpu_info.name,
+            "steps": report.steps,
+            "max_rel_err": report.max_rel_err,
+            "greedy_matched": report.greedy_matched,
+            "near_tie_steps": report.near_tie_steps,
+            "pass": pass,
+        })
+    );
+    Ok(pass)
+}
+
+fn emit(line: serde_json::Value, json_out: bool) {
+    if json_out {
+        println!("{line}");
+    } else {
+        let kind = line["kind"].as_str().unwrap_or("");
+        let rest: Vec<String> = line
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| *k != "kind")
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!("{kind:<8} {}", rest.join(" "));
+    }
+}
+
+/// `sparkd bench --device cuda`.
+pub fn run(
+    model: &Model,
+    gpu_info: &GpuInfo,
+    arch: Arch,
+    batches: &[usize],
+    prefills: &[usize],
+    json_out: bool,
+) -> anyhow::Result<()> {
+    let prompt = 16;
+    let steps = 32;
+    let max_batch = batches.iter().copied().max().unwrap_or(1);
+    let max_prefill = prefills.iter().copied().max().unwrap_or(0);
+    let ctx = model.config.context_length;
+    if let Some(&p) = prefills.iter().find(|&&p| p > ctx) {
+        anyhow::bail!("--prefill {p} is past the model's context of {ctx}");
+    }
+    let kv_tokens = (max_batch * (prompt + steps + 16)).max(max_prefill + 16);
+    let mut dev = CudaGpu::new(gpu_info.ordinal, arch)?;
+    let (_, total) = dev.memory().unwrap_or((0, gpu_info.memory_bytes));
+    emit(
+        json!({"kind": "device", "name": gpu_info.name, "sm": arch.to_string(), "memory_bytes": total}),
+        json_out,
+    );
+    emit(
+        json!({"kind": "copy", "gb_s": copy_bandwidth(&mut dev)?}),
+        json_out,
+    );
+    let mut b = CudaBackend::new(
+        model,
+        dev,
+        CudaOptions {
+            kv_tokens,
+            ..CudaOptions::default()
+        },
+    )?;
+    let vocab = model.config.vocab_size;
+    for &batch in batches {
+        let batch = batch.max(1);
+        let mut tables: Vec<BlockTable> = vec![BlockTable::default(); batch];
+        let mut seqs: Vec<Vec<u32>> = (0..batch).map(|s| tokens(prompt, vocab, s + 3)).collect();
+        for t in tables.iter_mut() {
+            b.reserve(t, prompt + steps + 1)?;
+        }
+        let inputs: Vec<SeqInput<'_>> = tables
+            .iter()
+            .zip(&seqs)
+            .map(|(t, s)| SeqInput {
+                table: t,
+                tokens: s,
+                start_pos: 0,
+                want_logits: true,
+            })
+            .collect();
+        b.forward(&inputs)?;
+        drop(inputs);
+        let mut elapsed = Duration::ZERO;
+        let mut kv_read = 0u64;
+        for step in 0..steps {
+            for (i, s) in seqs.iter_mut().enumerate() {
+                s.push(crate::backend::parity::greedy(b.logits_mut(i)));
+            }
+            let pos = prompt + step;
+            let inputs: Vec<SeqInput<'_>> = tables
+                .iter()
+                .zip(&seqs)
+                .map(|(t, s)| SeqInput {
+                    table: t,
+                    tokens: &s[pos..pos + 1],
+                    start_pos: pos,
+                    want_logits: true,
+                })
+                .collect();
+            elapsed += b.forward(&inputs)?;
+            kv_read += (batch * (pos + 1) * b.kv_bytes_per_token()) as u64;
+        }
+        for t in tables.iter_mut() {
+            b.release(t);
+        }
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        let bytes = b.weight_bytes_per_step() * steps as u64 + kv_read;
+        emit(
+            json!({
+                "kind": "decode",
+                "batch": batch,
+                "tok_s": (batch * steps) as f64 / secs,
+                "gb_s": bytes as f64 / secs / 1e9,
+            }),
+            json_out,
+        );
+    }
+    for &n in prefills {
+        let n = n.max(1);
+        let toks = tokens(n, vocab, 1);
+        let mut best = Duration::MAX;
+        for _ in 0..2 {
+            let mut table = BlockTable::default();
+            b.reserve(&mut table, n)?;
+            let inputs = [SeqInput {
+                table: &table,
+                tokens: &toks,
+                start_pos: 0,
+                want_logits: true,
+            }];
+            best = best.min(b.forward(&inputs)?);
+            b.release(&mut table);
+        }
+        emit(
+            json!({"kind": "prefill", "tokens": n, "tok_s": n as f64 / best.as_secs_f64().max(1e-9)}),
+            json_out,
+        );
+    }
+    Ok(())
+}
+
+/// Device-to-device copy bandwidth, (read + write) bytes / time, best of a few.
+fn copy_bandwidth(dev: &mut CudaGpu) -> anyhow::Result<f64> {
+    let bytes = 256usize << 20;
+    let a = dev.alloc(bytes, "copy benchmark source")?;
+    let c = dev.alloc(bytes, "copy benchmark destination")?;
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        dev.step_begin()?;
+        dev.copy(c.ptr(), a.ptr(), bytes)?;
+        best = best.min(dev.step_end()?);
+    }
+    dev.free(a);
+    dev.free(c);
+    Ok(2.0 * bytes as f64 / best.as_secs_f64().max(1e-9) / 1e9)
+}
