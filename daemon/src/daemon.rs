@@ -122,7 +122,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let name = model_name(&model_arg, &path);
     // Taken before reading, so a change during the load is noticed too.
     let identity = crate::model_watch::FileIdentity::of(&path).ok();
-    let model = match Model::load(&path) {
+    // The CPU serves from a private copy; a GPU gets the weights uploaded from a mapping.
+    let loaded = match &choice {
+        DeviceChoice::Cuda { .. } => Model::load_mapped(&path),
+        _ => Model::load(&path),
+    };
+    let model = match loaded {
         Ok(model) => model,
         Err(e) => {
             // The socket was bound (and its pid file written) before loading.
@@ -147,7 +152,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("reading chat template {}", p.display()))?,
         );
     }
-    let engine = start_engine(model, cfg, request, &choice)?;
+    let engine = start_engine(model, &path, cfg, request, &choice)?;
     tracing::info!(model = %name, path = %path.display(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
 
     let access = server::Access::for_this_process(&server_cfg);
@@ -177,6 +182,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// `cuda`, and under `auto` a warning and the CPU.
 fn start_engine(
     model: Model,
+    path: &Path,
     cfg: EngineConfig,
     request: DeviceRequest,
     choice: &DeviceChoice,
@@ -199,6 +205,9 @@ fn start_engine(
         Ok(b) => Ok(EngineHandle::start_with_backend(model, Box::new(b), cfg)?),
         Err(e) if request == DeviceRequest::Auto => {
             tracing::warn!(error = %e, gpu = %gpu.name, "the GPU cannot run this model; using the CPU");
+            // The CPU reads the weights for every step: from its own copy, not the mapping.
+            drop(model);
+            let model = Arc::new(Model::load(path)?);
             let backend = backend::CpuBackend::new(model.clone(), cfg.kv_tokens, cfg.threads);
             Ok(EngineHandle::start_with_backend(
                 model,

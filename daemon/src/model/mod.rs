@@ -51,6 +51,18 @@ impl Model {
         Self::from_file(file, path)
     }
 
+    /// Loads the model over a read-only mapping of the file, for a backend that copies
+    /// the weights elsewhere (the GPU) and never reads them on the host afterwards: a
+    /// host copy would hold the model twice (on unified-memory machines, in the same
+    /// memory as the device copy).
+    pub fn load_mapped(path: &Path) -> Result<Self, LoadError> {
+        let file = GgufFile::open(path).map_err(|source| LoadError::Gguf {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_file(file, path)
+    }
+
     pub fn from_file(file: GgufFile, path: &Path) -> Result<Self, LoadError> {
         let config =
             ModelConfig::from_metadata(file.metadata()).map_err(|source| LoadError::Config {
