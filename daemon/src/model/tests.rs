@@ -191,5 +191,8 @@ fn missing_tensor_and_unknown_arch_are_load_errors() {
     let err = Model::from_file(file, std::path::Path::new("x.gguf"))
         .err()
         .expect("must fail");
-    assert!(err.to_string().contains("mamba"), "{err}");
+    // The message names the file; the cause, reported after it, names the architecture.
+    let report = format!("{:#}", anyhow::Error::new(err));
+    assert!(report.starts_with("x.gguf: "), "{report}");
+    assert!(report.contains("mamba"), "{report}");
 }
