@@ -364,46 +364,69 @@ async fn proxy_overhead_benchmark() {
     // Warm both paths (model pages, connection pools).
     complete(&front.url, completion(model, "warm", 4, Some(true))).await;
     complete(&upstream_url, completion(model, "warm", 4, Some(true))).await;
-    // Twice each, alternating, so that neither path always runs on a warmer machine.
-    let paths = [
-        ("direct", &upstream_url),
-        ("proxy ", &front.url),
-        ("direct", &upstream_url),
-        ("proxy ", &front.url),
-    ];
+    // Alternating pairs, so that neither path always runs on a warmer (or quieter)
+    // machine; the medians and the per-pair ratios are what to read.
+    let pairs: usize = std::env::var("SPARKD_BENCH_PAIRS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
     // Each measurement is `rounds` batches of `concurrency` streams, back to back.
     let rounds: usize = std::env::var("SPARKD_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
-    for concurrency in [1usize, 8] {
-        for (label, base) in paths {
-            let start = Instant::now();
-            let mut tokens = 0u32;
-            for _ in 0..rounds {
-                let runs = (0..concurrency).map(|i| {
-                    let mut body = completion(
-                        model,
-                        &format!("Tell me story number {i}."),
-                        max_tokens,
-                        Some(true),
-                    );
-                    // llama-server would reuse the previous run's prefill.
-                    body["cache_prompt"] = json!(false);
-                    complete(base, body)
-                });
-                let answers = futures::future::join_all(runs).await;
-                tokens += answers
-                    .iter()
-                    .map(|a| a.usage.map_or(0, |u| u.1))
-                    .sum::<u32>();
-            }
-            let elapsed = start.elapsed().as_secs_f64();
-            eprintln!(
-                "{label} x{concurrency}: {tokens} tokens in {elapsed:.2} s = {:.1} tok/s aggregate, {:.1} tok/s per stream",
-                f64::from(tokens) / elapsed,
-                f64::from(tokens) / elapsed / concurrency as f64
-            );
+        .unwrap_or(2);
+    let measure = |base: String, concurrency: usize| async move {
+        let start = Instant::now();
+        let mut tokens = 0u32;
+        for _ in 0..rounds {
+            let runs = (0..concurrency).map(|i| {
+                let mut body = completion(
+                    model,
+                    &format!("Tell me story number {i}."),
+                    max_tokens,
+                    Some(true),
+                );
+                // llama-server would reuse the previous run's prefill.
+                body["cache_prompt"] = json!(false);
+                complete(&base, body)
+            });
+            let answers = futures::future::join_all(runs).await;
+            tokens += answers
+                .iter()
+                .map(|a| a.usage.map_or(0, |u| u.1))
+                .sum::<u32>();
         }
+        f64::from(tokens) / start.elapsed().as_secs_f64()
+    };
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for concurrency in [1usize, 8] {
+        let (mut direct, mut proxied, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for pair in 0..pairs {
+            // Which path goes first alternates too.
+            let (d, p) = if pair % 2 == 0 {
+                let d = measure(upstream_url.clone(), concurrency).await;
+                (d, measure(front.url.clone(), concurrency).await)
+            } else {
+                let p = measure(front.url.clone(), concurrency).await;
+                (measure(upstream_url.clone(), concurrency).await, p)
+            };
+            eprintln!("x{concurrency} pair {pair}: direct {d:.1} tok/s, proxy {p:.1} tok/s, proxy/direct {:.2}%", 100.0 * p / d);
+            direct.push(d);
+            proxied.push(p);
+            ratios.push(p / d);
+        }
+        let (d, p, r) = (
+            median(&mut direct),
+            median(&mut proxied),
+            median(&mut ratios),
+        );
+        eprintln!(
+            "x{concurrency}: median direct {d:.1} tok/s, proxy {p:.1} tok/s; median proxy/direct {:.2}% (overhead {:.2}%)",
+            100.0 * r,
+            100.0 * (1.0 - r)
+        );
     }
 }
