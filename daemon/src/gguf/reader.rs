@@ -170,13 +170,32 @@ impl GgufFile {
         self.data_offset
     }
 
+    /// Tells the kernel that the mapped pages of `offset..offset + len` will not be read
+    /// again soon (their contents were copied, e.g. packed at load), so they stop
+    /// counting towards resident memory. A later read still works: it faults them back
+    /// in from the file. Does nothing for owned bytes or a failed `madvise`.
+    pub fn release_pages(&self, offset: usize, len: usize) {
+        let Backing::Mmap(map) = &self.backing else {
+            return;
+        };
+        if offset.checked_add(len).is_none_or(|end| end > map.len()) || len == 0 {
+            return;
+        }
+        // SAFETY: DONTNEED drops a private mapping's pages; for a read-only file mapping
+        // (nothing in it can have been modified) that discards nothing: the next access
+        // reads the same bytes from the file again. memmap2 rounds the range out to
+        // whole pages, which may cover neighbouring bytes: they are re-read likewise.
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+    }
+
     /// Whether the bytes are memory-mapped (as opposed to owned).
     pub fn is_mapped(&self) -> bool {
         matches!(self.backing, Backing::Mmap(_))
     }
 }
 
-/// The one `unsafe` of the GGUF module.
+/// The `unsafe` of mapping the file (the other is the page release above).
 fn map_read_only(file: &File) -> std::io::Result<Mmap> {
     // SAFETY: the mapping is read-only and only ever exposed as `&[u8]`. memmap2's
     // caveat is that another process truncating or rewriting the file while it is

@@ -163,7 +163,7 @@ impl Model {
         let d = cfg.d_model;
         let embd = w.tok_embd.view(file);
         for (t, &tok) in batch.iter().flat_map(|s| s.tokens).enumerate() {
-            crate::backend::cpu::dequantize_row(&embd, tok as usize, &mut ws.x[t * d..(t + 1) * d]);
+            crate::backend::cpu::dequantize_row(embd, tok as usize, &mut ws.x[t * d..(t + 1) * d]);
         }
 
         let (q_dim, kv_dim, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
@@ -180,7 +180,7 @@ impl Model {
             }
             matmul(
                 &ws.pool,
-                &layer.wq.view(file),
+                layer.wq.view(file),
                 &ws.xn,
                 n,
                 &mut ws.q,
@@ -188,7 +188,7 @@ impl Model {
             );
             matmul(
                 &ws.pool,
-                &layer.wk.view(file),
+                layer.wk.view(file),
                 &ws.xn,
                 n,
                 &mut ws.k,
@@ -196,7 +196,7 @@ impl Model {
             );
             matmul(
                 &ws.pool,
-                &layer.wv.view(file),
+                layer.wv.view(file),
                 &ws.xn,
                 n,
                 &mut ws.v,
@@ -238,7 +238,7 @@ impl Model {
             self.attention(li, batch, kv, ws);
             matmul(
                 &ws.pool,
-                &layer.wo.view(file),
+                layer.wo.view(file),
                 &ws.attn,
                 n,
                 &mut ws.proj,
@@ -257,7 +257,7 @@ impl Model {
             }
             matmul(
                 &ws.pool,
-                &layer.w_gate.view(file),
+                layer.w_gate.view(file),
                 &ws.xn,
                 n,
                 &mut ws.gate,
@@ -265,7 +265,7 @@ impl Model {
             );
             matmul(
                 &ws.pool,
-                &layer.w_up.view(file),
+                layer.w_up.view(file),
                 &ws.xn,
                 n,
                 &mut ws.up,
@@ -274,7 +274,7 @@ impl Model {
             ops::silu_mul(&mut ws.gate, &ws.up);
             matmul(
                 &ws.pool,
-                &layer.w_down.view(file),
+                layer.w_down.view(file),
                 &ws.gate,
                 n,
                 &mut ws.proj,
@@ -303,7 +303,7 @@ impl Model {
         if n_logits > 0 {
             matmul(
                 &ws.pool,
-                &w.output.view(file),
+                w.output.view(file),
                 &ws.last,
                 n_logits,
                 &mut ws.logits,

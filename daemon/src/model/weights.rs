@@ -1,31 +1,53 @@
 //! The model's tensors, located in the memory-mapped GGUF file and checked against the
 //! configuration at load, so that a missing or misshapen tensor is a clear error now
 //! rather than a panic in the middle of a forward pass.
+//!
+//! Where the CPU kernels want it (`cpu::should_pack`), Q4_0 / Q4_1 / Q8_0 matrices are
+//! packed at load into their lane-interleaved layout and the mapped pages they came from
+//! are released, so the packed copy replaces the file's bytes in memory instead of
+//! doubling them.
 
-use crate::backend::cpu::WeightMatrix;
+use std::sync::Arc;
+
+use crate::backend::cpu::{should_pack, PackedMatrix, Weight, WeightMatrix};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{dequantize, GgmlType};
 
 use super::config::{Arch, ModelConfig};
 
-/// A 2-D weight in the mapped file: `rows` outputs of `cols` inputs each.
-#[derive(Debug, Clone, Copy)]
+/// A 2-D weight: `rows` outputs of `cols` inputs each, in the mapped file or packed.
+#[derive(Debug, Clone)]
 pub struct MatrixRef {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     offset: usize,
     len: usize,
+    /// The packed copy, when the kernels use one (then the file bytes are not read);
+    /// shared when the output head is the token embedding.
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 impl MatrixRef {
-    pub fn view<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
+    pub fn view<'a>(&'a self, file: &'a GgufFile) -> Weight<'a> {
+        match &self.packed {
+            Some(p) => Weight::Packed(p),
+            None => Weight::Gguf(self.gguf(file)),
+        }
+    }
+
+    fn gguf<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
         WeightMatrix {
             ty: self.ty,
             rows: self.rows,
             cols: self.cols,
             data: &file.bytes()[self.offset..self.offset + self.len],
         }
+    }
+
+    /// Whether the matrix is held packed.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
     }
 
     pub fn bytes(&self) -> usize {
@@ -106,13 +128,23 @@ fn matrix(
             ty: t.ty,
         });
     }
-    Ok(MatrixRef {
+    let mut m = MatrixRef {
         ty: t.ty,
         rows,
         cols,
         offset: t.offset as usize,
         len: t.n_bytes as usize,
-    })
+        packed: None,
+    };
+    if should_pack(m.ty) {
+        let packed = PackedMatrix::pack(&m.gguf(file)).map_err(|_| WeightsError::Type {
+            name: name.to_string(),
+            ty: t.ty,
+        })?;
+        m.packed = Some(Arc::new(packed));
+        file.release_pages(m.offset, m.len);
+    }
+    Ok(m)
 }
 
 /// A 1-D tensor (norm weights, biases) converted to f32 once at load.
@@ -140,7 +172,7 @@ impl Weights {
         let tok_embd = matrix(file, "token_embd.weight", cfg.vocab_size, d)?;
         let output = match file.tensor("output.weight") {
             Some(_) => matrix(file, "output.weight", cfg.vocab_size, d)?,
-            None => tok_embd,
+            None => tok_embd.clone(),
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
