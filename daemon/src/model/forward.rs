@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::cpu::{matmul, MatmulScratch, ThreadPool};
+use crate::backend::cpu::{attn_kernels, matmul, MatmulScratch, Softmax, ThreadPool};
 
 use super::config::{ModelConfig, MAX_GQA_GROUP};
 use super::kv::{BlockTable, KvCache, BLOCK_TOKENS};
@@ -354,6 +354,7 @@ impl Model {
         let out = SharedOut(ws.attn.as_mut_ptr());
         let q = &ws.q;
         let token_pos = &ws.token_pos;
+        let ak = attn_kernels();
         let task = |task: usize, acc: &mut Vec<f32>| {
             let (t, g) = (task / cfg.n_kv_heads, task % cfg.n_kv_heads);
             let (item, pos) = token_pos[t];
@@ -361,10 +362,11 @@ impl Model {
             let q_heads = &q[t * q_dim + g * group * hd..t * q_dim + (g + 1) * group * hd];
             acc.clear();
             acc.resize(group * hd, 0.0);
-            // Online softmax: running max and denominator per query head, so no
-            // per-position score buffer is needed whatever the context length.
-            let mut max = [f32::NEG_INFINITY; MAX_GQA_GROUP];
-            let mut denom = [0.0f32; MAX_GQA_GROUP];
+            // Online softmax (running max and denominator per query head, so no
+            // per-position buffer grows with the context), a KV block at a time: the
+            // block's scores first, then the per-position updates.
+            let mut state = [Softmax::default(); MAX_GQA_GROUP];
+            let mut scores = [0.0f32; BLOCK_TOKENS];
             let n_pos = pos + 1;
             for (bi, &block) in table.blocks().iter().enumerate() {
                 let first = bi * BLOCK_TOKENS;
@@ -372,28 +374,19 @@ impl Model {
                     break;
                 }
                 let slots = (n_pos - first).min(BLOCK_TOKENS);
-                let keys = kv.key_block(layer, block as usize);
-                let values = kv.value_block(layer, block as usize);
-                for s in 0..slots {
-                    let k = &keys[s * kv_dim + g * hd..s * kv_dim + (g + 1) * hd];
-                    let v = &values[s * kv_dim + g * hd..s * kv_dim + (g + 1) * hd];
-                    for h in 0..group {
-                        let score = ops::dot(&q_heads[h * hd..(h + 1) * hd], k) * scale;
-                        let a = &mut acc[h * hd..(h + 1) * hd];
-                        if score > max[h] {
-                            let rescale = (max[h] - score).exp();
-                            denom[h] *= rescale;
-                            a.iter_mut().for_each(|x| *x *= rescale);
-                            max[h] = score;
-                        }
-                        let p = (score - max[h]).exp();
-                        denom[h] += p;
-                        ops::axpy(p, v, a);
-                    }
+                let keys = &kv.key_block(layer, block as usize)[g * hd..];
+                let values = &kv.value_block(layer, block as usize)[g * hd..];
+                let scores = &mut scores[..slots];
+                // Heads are independent: head by head gives the same bits as position
+                // by position.
+                for h in 0..group {
+                    (ak.scores)(&q_heads[h * hd..(h + 1) * hd], keys, kv_dim, scale, scores);
+                    let a = &mut acc[h * hd..(h + 1) * hd];
+                    (ak.online)(scores, values, kv_dim, &mut state[h], a);
                 }
             }
             for h in 0..group {
-                let inv = 1.0 / denom[h];
+                let inv = 1.0 / state[h].denom;
                 let o = t * q_dim + (g * group + h) * hd;
                 // SAFETY: task (t, g) writes only attn[t][g*group*hd .. (g+1)*group*hd],
                 // which no other task writes; `attn` is sized n * q_dim by `resize`.

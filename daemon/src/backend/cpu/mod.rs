@@ -9,6 +9,7 @@
 //! cache. The SIMD path is picked once at run time from the CPU's features.
 
 mod acts;
+mod attn;
 mod dot;
 mod matmul;
 mod packed;
@@ -17,6 +18,7 @@ mod pool;
 mod testutil;
 
 pub use acts::MatmulScratch;
+pub use attn::{attn_kernels, AttnKernels, Softmax};
 pub use matmul::{dequantize_row, matmul, Weight, WeightMatrix};
 pub use packed::{should_pack, PackedMatrix};
 pub use pool::{physical_cores, ThreadPool};
