@@ -40,6 +40,8 @@ macro_rules! tile_shapes {
     };
 }
 
+// Output tiles are indexed `[j][r]` like the register tiles (see below).
+#[allow(clippy::needless_range_loop)]
 pub(crate) mod packed;
 pub(crate) mod scalar;
 
@@ -61,6 +63,7 @@ mod neon;
 #[allow(clippy::needless_range_loop)]
 mod tests;
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests_packed;
 
 /// Most weight rows per tile.

@@ -76,7 +76,7 @@ fn matmul_matches_a_float_reference() {
         let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();
         let x = random_acts(n * cols, &mut rng);
         let mut y = vec![0.0; n * rows];
-        matmul(&pool, &w, &x, n, &mut y, &mut scratch);
+        matmul(&pool, w, &x, n, &mut y, &mut scratch);
         for i in 0..n {
             for r in 0..rows {
                 let (wr, xi) = (&wf[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
@@ -128,11 +128,11 @@ fn scratch_is_reused_without_growing() {
         let x = random_acts(16 * 256, &mut rng);
         let mut scratch = MatmulScratch::default();
         let mut y = vec![0.0; 16 * 64];
-        matmul(&pool, &w, &x, 16, &mut y, &mut scratch);
+        matmul(&pool, w, &x, 16, &mut y, &mut scratch);
         let first = y.clone();
         let caps = scratch.capacities();
-        matmul(&pool, &w, &x[..256], 1, &mut y[..64], &mut scratch);
-        matmul(&pool, &w, &x, 16, &mut y, &mut scratch);
+        matmul(&pool, w, &x[..256], 1, &mut y[..64], &mut scratch);
+        matmul(&pool, w, &x, 16, &mut y, &mut scratch);
         assert_eq!(scratch.capacities(), caps, "{ty}");
         assert_eq!(y, first, "{ty}");
     }
@@ -172,7 +172,7 @@ fn dequantize_row_reads_one_row() {
         let all = dequantize_all(ty, &data, 5, cols);
         let w = WeightMatrix::new(ty, 5, cols, &data).unwrap();
         let mut row = vec![0.0; cols];
-        dequantize_row(&w, 3, &mut row);
+        dequantize_row(w, 3, &mut row);
         assert_eq!(row, all[3 * cols..4 * cols], "{ty}");
     }
 }
@@ -183,9 +183,9 @@ fn empty_shapes_are_fine() {
     let mut scratch = MatmulScratch::default();
     let data = [0u8; 40];
     let w = WeightMatrix::new(GgmlType::Q4_1, 2, 32, &data[..40]).unwrap();
-    matmul(&pool, &w, &[], 0, &mut [], &mut scratch);
+    matmul(&pool, w, &[], 0, &mut [], &mut scratch);
     let w0 = WeightMatrix::new(GgmlType::Q4_1, 0, 32, &[]).unwrap();
-    matmul(&pool, &w0, &[0.0; 32], 1, &mut [], &mut scratch);
+    matmul(&pool, w0, &[0.0; 32], 1, &mut [], &mut scratch);
 }
 
 const PACKABLE: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
@@ -334,7 +334,7 @@ fn packed_speed() {
                     let (xs, ys) = (&x[..n * cols], &mut y[..n * rows]);
                     if which == 0 {
                         let w = WeightMatrix::new(ty, *rows, *cols, data).unwrap();
-                        matmul(&pool, &w, xs, n, ys, &mut scratch);
+                        matmul(&pool, w, xs, n, ys, &mut scratch);
                     } else {
                         matmul(&pool, &packed[i], xs, n, ys, &mut scratch);
                     }
