@@ -143,11 +143,6 @@ unsafe fn dot_impl<const T: u8, const N: usize>(
                 }
             }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp.add(2 * PACK_ROWS * b).cast()));
-            let m = match T {
-                Q4_1 => _mm512_cvtph_ps(_mm256_loadu_si256(mp.add(2 * PACK_ROWS * b).cast())),
-                Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
-                _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
-            };
             for j in 0..N {
                 // Integer sums are exact in any grouping: the result is the same bits.
                 let mut total = isum[j][0];
@@ -156,6 +151,22 @@ unsafe fn dot_impl<const T: u8, const N: usize>(
                 }
                 let scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[j * nb + b]));
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), scale, acc[j]);
+            }
+        }
+    }
+    // The offset terms in a second pass over the (cached) scales: in the loop above
+    // their accumulators would not fit in the registers with many activation rows.
+    // The same operations in the same order per row, so the same bits.
+    for b in 0..nb {
+        // SAFETY: block b's scales lie inside the group (as above).
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp.add(2 * PACK_ROWS * b).cast()));
+            let m = match T {
+                Q4_1 => _mm512_cvtph_ps(_mm256_loadu_si256(mp.add(2 * PACK_ROWS * b).cast())),
+                Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+                _ => _mm512_mul_ps(d, _mm512_set1_ps(-128.0)),
+            };
+            for j in 0..N {
                 acc_m[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[j * nb + b]), acc_m[j]);
             }
         }
