@@ -56,6 +56,8 @@ pub struct Workspace {
     logits: Vec<f32>,
     /// For each new token of the step: (batch item, position).
     token_pos: Vec<(usize, usize)>,
+    /// Per new token, `(sin, cos)` of each rotary angle: the same in every layer.
+    rope_sin_cos: Vec<(f32, f32)>,
     logit_rows: usize,
 }
 
@@ -76,6 +78,7 @@ impl Workspace {
             last: Vec::new(),
             logits: Vec::new(),
             token_pos: Vec::new(),
+            rope_sin_cos: Vec::new(),
             logit_rows: 0,
         }
     }
@@ -135,6 +138,28 @@ impl SharedOut {
     }
 }
 
+/// From this many elements on, `silu_mul` runs on the pool (one `exp` each: with a
+/// batch of tokens it is worth a dispatch; a single token's is not).
+const PARALLEL_SILU_ELEMS: usize = 8 * 1024;
+
+/// `ops::silu_mul`, split over the pool for large batches (elementwise: the same bits).
+fn silu_mul(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
+    if gate.len() < PARALLEL_SILU_ELEMS || pool.n_threads() == 1 {
+        return ops::silu_mul(gate, up);
+    }
+    let per = gate.len().div_ceil(pool.n_threads()).next_multiple_of(16);
+    let out = SharedOut(gate.as_mut_ptr());
+    let len = gate.len();
+    pool.run(&|t, _| {
+        let start = (t * per).min(len);
+        let end = ((t + 1) * per).min(len);
+        // SAFETY: thread t alone touches gate[start..end] (disjoint ranges by t), which
+        // lies inside `gate`; the borrow of `gate` outlives the run.
+        let g = unsafe { out.range(start, end - start) };
+        ops::silu_mul(g, &up[start..end]);
+    });
+}
+
 impl Model {
     /// Runs one step over `batch`, writing its K/V into `kv` and the requested logits
     /// into `ws`. Returns the step's duration so the engine can book it on every
@@ -168,6 +193,12 @@ impl Model {
 
         let (q_dim, kv_dim, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let style = cfg.arch.rope_style();
+        let pairs = w.rope_inv_freq.len();
+        ws.rope_sin_cos.clear();
+        for &(_, p) in &ws.token_pos {
+            let pos = p as f32 / cfg.rope_linear_scale;
+            ops::rope_angles(pos, &w.rope_inv_freq, &mut ws.rope_sin_cos);
+        }
         for (li, layer) in w.layers.iter().enumerate() {
             for t in 0..n {
                 let r = t * d..(t + 1) * d;
@@ -212,18 +243,18 @@ impl Model {
                 if let Some(b) = &layer.bv {
                     ops::add_assign(&mut ws.v[t * kv_dim..(t + 1) * kv_dim], b);
                 }
-                let pos = ws.token_pos[t].1 as f32 / cfg.rope_linear_scale;
+                let sin_cos = &ws.rope_sin_cos[t * pairs..(t + 1) * pairs];
                 for h in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
                     if let Some(g) = &layer.q_norm {
                         ops::rms_norm_in_place(h, g, cfg.rms_eps);
                     }
-                    ops::rope(h, pos, &w.rope_inv_freq, style);
+                    ops::rope_with(h, sin_cos, style);
                 }
                 for h in ws.k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
                     if let Some(g) = &layer.k_norm {
                         ops::rms_norm_in_place(h, g, cfg.rms_eps);
                     }
-                    ops::rope(h, pos, &w.rope_inv_freq, style);
+                    ops::rope_with(h, sin_cos, style);
                 }
                 let (item, p) = ws.token_pos[t];
                 let kv_range = t * kv_dim..(t + 1) * kv_dim;
@@ -271,7 +302,7 @@ impl Model {
                 &mut ws.up,
                 &mut ws.scratch,
             );
-            ops::silu_mul(&mut ws.gate, &ws.up);
+            silu_mul(&ws.pool, &mut ws.gate, &ws.up);
             matmul(
                 &ws.pool,
                 layer.w_down.view(file),
