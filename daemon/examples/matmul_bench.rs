@@ -10,7 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use sparkd::backend::cpu::{kernel_name, matmul, MatmulScratch, ThreadPool, WeightMatrix};
+use sparkd::backend::cpu::{
+    kernel_name, matmul, should_pack, MatmulScratch, PackedMatrix, ThreadPool, Weight, WeightMatrix,
+};
 use sparkd::quant::{quantize, GgmlType};
 
 struct Weights {
@@ -18,6 +20,8 @@ struct Weights {
     rows: usize,
     cols: usize,
     data: Vec<u8>,
+    /// Packed as the model would pack it at load for this kernel table.
+    packed: Option<PackedMatrix>,
 }
 
 impl Weights {
@@ -34,16 +38,25 @@ impl Weights {
         let bytes = ty.bytes_for((rows * cols) as u64).expect("whole blocks") as usize;
         let mut data = vec![0u8; bytes];
         quantize(ty, &vals, &mut data).expect("sizes match");
+        let gguf = WeightMatrix::new(ty, rows, cols, &data).expect("consistent");
+        let packed = should_pack(ty).then(|| PackedMatrix::pack(&gguf).expect("packable"));
         Self {
             ty,
             rows,
             cols,
             data,
+            packed,
         }
     }
 
-    fn matrix(&self) -> WeightMatrix<'_> {
-        WeightMatrix::new(self.ty, self.rows, self.cols, &self.data).expect("consistent")
+    /// The matrix as the model's forward pass would see it.
+    fn matrix(&self) -> Weight<'_> {
+        match &self.packed {
+            Some(p) => Weight::Packed(p),
+            None => WeightMatrix::new(self.ty, self.rows, self.cols, &self.data)
+                .expect("consistent")
+                .into(),
+        }
     }
 }
 
@@ -116,7 +129,7 @@ fn main() {
                 .collect();
             let mut y = vec![0.0f32; n * rows];
             let t = time(Duration::from_millis(300), || {
-                matmul(&pool, &m, &x, n, &mut y, &mut scratch)
+                matmul(&pool, m, &x, n, &mut y, &mut scratch)
             });
             let secs = t.as_secs_f64();
             println!(
@@ -173,21 +186,21 @@ fn main() {
                 let m = w.matrix();
                 matmul(
                     &pool,
-                    &m,
-                    &x[..n * m.cols],
+                    m,
+                    &x[..n * w.cols],
                     n,
-                    &mut y[..n * m.rows],
+                    &mut y[..n * w.rows],
                     &mut scratch,
                 );
             }
             if with_head {
-                let m = head.matrix();
+                let (m, w) = (head.matrix(), &head);
                 matmul(
                     &pool,
-                    &m,
-                    &x[..n * m.cols],
+                    m,
+                    &x[..n * w.cols],
                     n,
-                    &mut y[..n * m.rows],
+                    &mut y[..n * w.rows],
                     &mut scratch,
                 );
             }

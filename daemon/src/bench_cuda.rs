@@ -41,7 +41,10 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
     }
     let (gpu_info, arch) = cuda_device(args.device)?;
     let path = model_path(&args.model, false)?;
+    // The CPU reference reads its own copy, laid out for its kernels; the GPU gets the
+    // file's layout uploaded from a mapping.
     let model = Arc::new(Model::load(&path)?);
+    let device_model = Model::load_mapped(&path)?;
     let vocab = model.config.vocab_size;
     // Two sequences, prefilled together, then batched greedy decode.
     let prompts = vec![tokens(48, vocab, 1), tokens(20, vocab, 2)];
@@ -52,7 +55,7 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
     let mut cpu = CpuBackend::new(model.clone(), kv_tokens, threads);
     let dev = CudaGpu::new(gpu_info.ordinal, arch)?;
     let mut gpu = CudaBackend::new(
-        &model,
+        &device_model,
         dev,
         CudaOptions {
             kv_tokens,

@@ -232,7 +232,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("no CUDA device for --device {request}"))?;
         if let crate::backend::cuda::DeviceChoice::Cuda { gpu, arch, .. } = choice {
             let path = model_path(&args.model, true)?;
-            let model = Model::load(&path)?;
+            let model = Model::load_mapped(&path)?;
             return crate::bench_cuda::run(
                 &model,
                 &gpu,

@@ -204,10 +204,51 @@ impl GgufFile {
         self.data_offset
     }
 
+    /// Gives back the memory of `offset..offset + len`, whose contents were copied
+    /// elsewhere (packed at load) and are never read in place again, so they stop
+    /// counting towards resident memory. For a file mapping a later read would fault
+    /// the bytes back in from the file; for the private copy of [`load`](Self::load) it
+    /// would read zeros, which is why only tensors that were repacked are released.
+    /// Does nothing for owned bytes or a failed `madvise`.
+    pub fn release_pages(&self, offset: usize, len: usize) {
+        let (Backing::Mmap(map) | Backing::Copied(map)) = &self.backing else {
+            return;
+        };
+        let Some(end) = offset.checked_add(len).filter(|&end| end <= map.len()) else {
+            return;
+        };
+        // Only whole pages inside the range: madvise works on pages, and a page shared
+        // with a neighbouring tensor must keep its bytes (the copy's would read as zeros).
+        // The mapping starts on a page, so offsets into it line up with pages.
+        let page = page_size();
+        let (start, end) = (offset.next_multiple_of(page), end / page * page);
+        if start >= end {
+            return;
+        }
+        // SAFETY: DONTNEED drops a private mapping's pages; for a read-only file mapping
+        // (nothing in it can have been modified) that discards nothing: the next access
+        // reads the same bytes from the file again. For the anonymous copy the pages
+        // read as zeros afterwards, which no memory-safety property depends on (they
+        // are plain bytes); the caller only releases tensors it repacked, and the range
+        // was shrunk to pages no other tensor shares.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
+    }
+
     /// Whether the bytes are memory-mapped (as opposed to owned).
     pub fn is_mapped(&self) -> bool {
         matches!(self.backing, Backing::Mmap(_))
     }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf only reads its argument.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
 }
 
 /// Bytes read per call: large enough to stream at disk speed, and the unit in which
@@ -266,7 +307,7 @@ fn drop_cached(file: &File, offset: usize, len: usize) {
     let _ = (file, offset, len);
 }
 
-/// The one `unsafe` mapping of the GGUF module.
+/// The `unsafe` of mapping the file (the other is the page release above).
 fn map_read_only(file: &File) -> std::io::Result<Mmap> {
     // SAFETY: the mapping is read-only and only ever exposed as `&[u8]`. memmap2's
     // caveat is that another process truncating or rewriting the file while it is

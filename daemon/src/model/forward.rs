@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::cpu::{matmul, MatmulScratch, ThreadPool};
+use crate::backend::cpu::{attn_kernels, matmul, MatmulScratch, Softmax, ThreadPool};
 
 use super::config::{ModelConfig, MAX_GQA_GROUP};
 use super::kv::{BlockTable, KvCache, BLOCK_TOKENS};
@@ -87,6 +87,8 @@ pub struct Workspace {
     logits: Vec<f32>,
     /// For each new token of the step: (batch item, position).
     token_pos: Vec<(usize, usize)>,
+    /// Per new token, `(sin, cos)` of each rotary angle: the same in every layer.
+    rope_sin_cos: Vec<(f32, f32)>,
     logit_rows: usize,
 }
 
@@ -107,6 +109,7 @@ impl Workspace {
             last: Vec::new(),
             logits: Vec::new(),
             token_pos: Vec::new(),
+            rope_sin_cos: Vec::new(),
             logit_rows: 0,
         }
     }
@@ -166,6 +169,28 @@ impl SharedOut {
     }
 }
 
+/// From this many elements on, `silu_mul` runs on the pool (one `exp` each: with a
+/// batch of tokens it is worth a dispatch; a single token's is not).
+const PARALLEL_SILU_ELEMS: usize = 8 * 1024;
+
+/// `ops::silu_mul`, split over the pool for large batches (elementwise: the same bits).
+fn silu_mul(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
+    if gate.len() < PARALLEL_SILU_ELEMS || pool.n_threads() == 1 {
+        return ops::silu_mul(gate, up);
+    }
+    let per = gate.len().div_ceil(pool.n_threads()).next_multiple_of(16);
+    let out = SharedOut(gate.as_mut_ptr());
+    let len = gate.len();
+    pool.run(&|t, _| {
+        let start = (t * per).min(len);
+        let end = ((t + 1) * per).min(len);
+        // SAFETY: thread t alone touches gate[start..end] (disjoint ranges by t), which
+        // lies inside `gate`; the borrow of `gate` outlives the run.
+        let g = unsafe { out.range(start, end - start) };
+        ops::silu_mul(g, &up[start..end]);
+    });
+}
+
 impl Model {
     /// Runs one step over `batch`, writing its K/V into `kv` and the requested logits
     /// into `ws`. Returns the step's duration so the engine can book it on every
@@ -194,11 +219,17 @@ impl Model {
         let d = cfg.d_model;
         let embd = w.tok_embd.view(file);
         for (t, &tok) in batch.iter().flat_map(|s| s.tokens).enumerate() {
-            crate::backend::cpu::dequantize_row(&embd, tok as usize, &mut ws.x[t * d..(t + 1) * d]);
+            crate::backend::cpu::dequantize_row(embd, tok as usize, &mut ws.x[t * d..(t + 1) * d]);
         }
 
         let (q_dim, kv_dim, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let style = cfg.arch.rope_style();
+        let pairs = w.rope_inv_freq.len();
+        ws.rope_sin_cos.clear();
+        for &(_, p) in &ws.token_pos {
+            let pos = p as f32 / cfg.rope_linear_scale;
+            ops::rope_angles(pos, &w.rope_inv_freq, &mut ws.rope_sin_cos);
+        }
         for (li, layer) in w.layers.iter().enumerate() {
             for t in 0..n {
                 let r = t * d..(t + 1) * d;
@@ -211,7 +242,7 @@ impl Model {
             }
             matmul(
                 &ws.pool,
-                &layer.wq.view(file),
+                layer.wq.view(file),
                 &ws.xn,
                 n,
                 &mut ws.q,
@@ -219,7 +250,7 @@ impl Model {
             );
             matmul(
                 &ws.pool,
-                &layer.wk.view(file),
+                layer.wk.view(file),
                 &ws.xn,
                 n,
                 &mut ws.k,
@@ -227,7 +258,7 @@ impl Model {
             );
             matmul(
                 &ws.pool,
-                &layer.wv.view(file),
+                layer.wv.view(file),
                 &ws.xn,
                 n,
                 &mut ws.v,
@@ -243,18 +274,18 @@ impl Model {
                 if let Some(b) = &layer.bv {
                     ops::add_assign(&mut ws.v[t * kv_dim..(t + 1) * kv_dim], b);
                 }
-                let pos = ws.token_pos[t].1 as f32 / cfg.rope_linear_scale;
+                let sin_cos = &ws.rope_sin_cos[t * pairs..(t + 1) * pairs];
                 for h in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
                     if let Some(g) = &layer.q_norm {
                         ops::rms_norm_in_place(h, g, cfg.rms_eps);
                     }
-                    ops::rope(h, pos, &w.rope_inv_freq, style);
+                    ops::rope_with(h, sin_cos, style);
                 }
                 for h in ws.k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
                     if let Some(g) = &layer.k_norm {
                         ops::rms_norm_in_place(h, g, cfg.rms_eps);
                     }
-                    ops::rope(h, pos, &w.rope_inv_freq, style);
+                    ops::rope_with(h, sin_cos, style);
                 }
                 let (item, p) = ws.token_pos[t];
                 let kv_range = t * kv_dim..(t + 1) * kv_dim;
@@ -269,7 +300,7 @@ impl Model {
             self.attention(li, batch, kv, ws);
             matmul(
                 &ws.pool,
-                &layer.wo.view(file),
+                layer.wo.view(file),
                 &ws.attn,
                 n,
                 &mut ws.proj,
@@ -288,7 +319,7 @@ impl Model {
             }
             matmul(
                 &ws.pool,
-                &layer.w_gate.view(file),
+                layer.w_gate.view(file),
                 &ws.xn,
                 n,
                 &mut ws.gate,
@@ -296,16 +327,16 @@ impl Model {
             );
             matmul(
                 &ws.pool,
-                &layer.w_up.view(file),
+                layer.w_up.view(file),
                 &ws.xn,
                 n,
                 &mut ws.up,
                 &mut ws.scratch,
             );
-            ops::silu_mul(&mut ws.gate, &ws.up);
+            silu_mul(&ws.pool, &mut ws.gate, &ws.up);
             matmul(
                 &ws.pool,
-                &layer.w_down.view(file),
+                layer.w_down.view(file),
                 &ws.gate,
                 n,
                 &mut ws.proj,
@@ -334,7 +365,7 @@ impl Model {
         if n_logits > 0 {
             matmul(
                 &ws.pool,
-                &w.output.view(file),
+                w.output.view(file),
                 &ws.last,
                 n_logits,
                 &mut ws.logits,
@@ -356,6 +387,7 @@ impl Model {
         let out = SharedOut(ws.attn.as_mut_ptr());
         let q = &ws.q;
         let token_pos = &ws.token_pos;
+        let ak = attn_kernels();
         let task = |task: usize, acc: &mut Vec<f32>| {
             let (t, g) = (task / cfg.n_kv_heads, task % cfg.n_kv_heads);
             let (item, pos) = token_pos[t];
@@ -363,10 +395,11 @@ impl Model {
             let q_heads = &q[t * q_dim + g * group * hd..t * q_dim + (g + 1) * group * hd];
             acc.clear();
             acc.resize(group * hd, 0.0);
-            // Online softmax: running max and denominator per query head, so no
-            // per-position score buffer is needed whatever the context length.
-            let mut max = [f32::NEG_INFINITY; MAX_GQA_GROUP];
-            let mut denom = [0.0f32; MAX_GQA_GROUP];
+            // Online softmax (running max and denominator per query head, so no
+            // per-position buffer grows with the context), a KV block at a time: the
+            // block's scores first, then the per-position updates.
+            let mut state = [Softmax::default(); MAX_GQA_GROUP];
+            let mut scores = [0.0f32; BLOCK_TOKENS];
             let n_pos = pos + 1;
             for (bi, &block) in table.blocks().iter().enumerate() {
                 let first = bi * BLOCK_TOKENS;
@@ -374,28 +407,19 @@ impl Model {
                     break;
                 }
                 let slots = (n_pos - first).min(BLOCK_TOKENS);
-                let keys = kv.key_block(layer, block as usize);
-                let values = kv.value_block(layer, block as usize);
-                for s in 0..slots {
-                    let k = &keys[s * kv_dim + g * hd..s * kv_dim + (g + 1) * hd];
-                    let v = &values[s * kv_dim + g * hd..s * kv_dim + (g + 1) * hd];
-                    for h in 0..group {
-                        let score = ops::dot(&q_heads[h * hd..(h + 1) * hd], k) * scale;
-                        let a = &mut acc[h * hd..(h + 1) * hd];
-                        if score > max[h] {
-                            let rescale = (max[h] - score).exp();
-                            denom[h] *= rescale;
-                            a.iter_mut().for_each(|x| *x *= rescale);
-                            max[h] = score;
-                        }
-                        let p = (score - max[h]).exp();
-                        denom[h] += p;
-                        ops::axpy(p, v, a);
-                    }
+                let keys = &kv.key_block(layer, block as usize)[g * hd..];
+                let values = &kv.value_block(layer, block as usize)[g * hd..];
+                let scores = &mut scores[..slots];
+                // Heads are independent: head by head gives the same bits as position
+                // by position.
+                for h in 0..group {
+                    (ak.scores)(&q_heads[h * hd..(h + 1) * hd], keys, kv_dim, scale, scores);
+                    let a = &mut acc[h * hd..(h + 1) * hd];
+                    (ak.online)(scores, values, kv_dim, &mut state[h], a);
                 }
             }
             for h in 0..group {
-                let inv = 1.0 / denom[h];
+                let inv = 1.0 / state[h].denom;
                 let o = t * q_dim + (g * group + h) * hd;
                 // SAFETY: task (t, g) writes only attn[t][g*group*hd .. (g+1)*group*hd],
                 // which no other task writes; `attn` is sized n * q_dim by `resize`.

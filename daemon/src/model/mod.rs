@@ -60,16 +60,31 @@ impl Model {
             path: path.into(),
             source,
         })?;
-        Self::from_file(file, path)
+        Self::from_file_with(file, path, false)
     }
 
+    /// A model over `file` in the file's own layout, for a device backend (tests).
+    pub fn from_file_unpacked(file: GgufFile, path: &Path) -> Result<Self, LoadError> {
+        Self::from_file_with(file, path, false)
+    }
+
+    /// A model over `file`, its weights laid out for the CPU kernels.
     pub fn from_file(file: GgufFile, path: &Path) -> Result<Self, LoadError> {
+        Self::from_file_with(file, path, true)
+    }
+
+    fn from_file_with(file: GgufFile, path: &Path, for_cpu: bool) -> Result<Self, LoadError> {
         let config =
             ModelConfig::from_metadata(file.metadata()).map_err(|source| LoadError::Config {
                 path: path.into(),
                 source,
             })?;
-        let weights = Weights::load(&file, &config).map_err(|source| LoadError::Weights {
+        let weights = if for_cpu {
+            Weights::load(&file, &config)
+        } else {
+            Weights::load_unpacked(&file, &config)
+        };
+        let weights = weights.map_err(|source| LoadError::Weights {
             path: path.into(),
             source,
         })?;

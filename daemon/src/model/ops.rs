@@ -25,9 +25,21 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 
 /// Rotates the first `2 * inv_freq.len()` dimensions of one head at position `pos`.
 pub fn rope(head: &mut [f32], pos: f32, inv_freq: &[f32], style: RopeStyle) {
-    let half = inv_freq.len();
-    for (i, &f) in inv_freq.iter().enumerate() {
-        let (sin, cos) = (pos * f).sin_cos();
+    let mut sc = Vec::with_capacity(inv_freq.len());
+    rope_angles(pos, inv_freq, &mut sc);
+    rope_with(head, &sc, style);
+}
+
+/// Appends `(sin, cos)` of `pos * f` for each frequency: the rotation of every head and
+/// layer at that position, computed once.
+pub fn rope_angles(pos: f32, inv_freq: &[f32], out: &mut Vec<(f32, f32)>) {
+    out.extend(inv_freq.iter().map(|&f| (pos * f).sin_cos()));
+}
+
+/// `rope` with the angles from `rope_angles`.
+pub fn rope_with(head: &mut [f32], sin_cos: &[(f32, f32)], style: RopeStyle) {
+    let half = sin_cos.len();
+    for (i, &(sin, cos)) in sin_cos.iter().enumerate() {
         let (a, b) = match style {
             RopeStyle::Interleaved => (2 * i, 2 * i + 1),
             RopeStyle::Neox => (i, i + half),

@@ -1,31 +1,64 @@
 //! The model's tensors, located in the memory-mapped GGUF file and checked against the
 //! configuration at load, so that a missing or misshapen tensor is a clear error now
 //! rather than a panic in the middle of a forward pass.
+//!
+//! Where the CPU kernels want it (`cpu::should_pack`), Q4_0 / Q4_1 / Q8_0 matrices are
+//! packed at load into their lane-interleaved layout and the mapped pages they came from
+//! are released, so the packed copy replaces the file's bytes in memory instead of
+//! doubling them.
 
-use crate::backend::cpu::WeightMatrix;
+use std::sync::Arc;
+
+use crate::backend::cpu::{should_pack, PackedMatrix, Weight, WeightMatrix};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{dequantize, GgmlType};
 
 use super::config::{Arch, ModelConfig};
 
-/// A 2-D weight in the mapped file: `rows` outputs of `cols` inputs each.
-#[derive(Debug, Clone, Copy)]
+/// A 2-D weight: `rows` outputs of `cols` inputs each, in the mapped file or packed.
+#[derive(Debug, Clone)]
 pub struct MatrixRef {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     offset: usize,
     len: usize,
+    /// The packed copy, when the kernels use one (then the file bytes are not read);
+    /// shared when the output head is the token embedding.
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 impl MatrixRef {
-    pub fn view<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
+    pub fn view<'a>(&'a self, file: &'a GgufFile) -> Weight<'a> {
+        match &self.packed {
+            Some(p) => Weight::Packed(p),
+            None => Weight::Gguf(self.gguf(file)),
+        }
+    }
+
+    /// Whether both refer to the same tensor of the file (a tied output head).
+    pub fn same_tensor(&self, other: &MatrixRef) -> bool {
+        (self.offset, self.len) == (other.offset, other.len)
+    }
+
+    /// The matrix in the file's layout, for a device upload; `None` for a packed matrix,
+    /// whose file bytes were given back at load (see [`Weights::load_unpacked`]).
+    pub fn file_layout<'a>(&self, file: &'a GgufFile) -> Option<WeightMatrix<'a>> {
+        self.packed.is_none().then(|| self.gguf(file))
+    }
+
+    fn gguf<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
         WeightMatrix {
             ty: self.ty,
             rows: self.rows,
             cols: self.cols,
             data: &file.bytes()[self.offset..self.offset + self.len],
         }
+    }
+
+    /// Whether the matrix is held packed.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
     }
 
     pub fn bytes(&self) -> usize {
@@ -96,6 +129,7 @@ fn matrix(
     name: &str,
     rows: usize,
     cols: usize,
+    pack: bool,
 ) -> Result<MatrixRef, WeightsError> {
     let t = info(file, name)?;
     check_shape(t, &[cols as u64, rows as u64])?;
@@ -106,13 +140,23 @@ fn matrix(
             ty: t.ty,
         });
     }
-    Ok(MatrixRef {
+    let mut m = MatrixRef {
         ty: t.ty,
         rows,
         cols,
         offset: t.offset as usize,
         len: t.n_bytes as usize,
-    })
+        packed: None,
+    };
+    if pack && should_pack(m.ty) {
+        let packed = PackedMatrix::pack(&m.gguf(file)).map_err(|_| WeightsError::Type {
+            name: name.to_string(),
+            ty: t.ty,
+        })?;
+        m.packed = Some(Arc::new(packed));
+        file.release_pages(m.offset, m.len);
+    }
+    Ok(m)
 }
 
 /// A 1-D tensor (norm weights, biases) converted to f32 once at load.
@@ -135,12 +179,23 @@ fn opt_vector(file: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>
 }
 
 impl Weights {
+    /// The weights as the CPU kernels want them (packed where they pack).
     pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Self, WeightsError> {
+        Self::load_with(file, cfg, true)
+    }
+
+    /// The weights in the file's own layout only, for a backend that copies them to a
+    /// device: packing would build a second, host-side copy nobody reads.
+    pub fn load_unpacked(file: &GgufFile, cfg: &ModelConfig) -> Result<Self, WeightsError> {
+        Self::load_with(file, cfg, false)
+    }
+
+    fn load_with(file: &GgufFile, cfg: &ModelConfig, pack: bool) -> Result<Self, WeightsError> {
         let d = cfg.d_model;
-        let tok_embd = matrix(file, "token_embd.weight", cfg.vocab_size, d)?;
+        let tok_embd = matrix(file, "token_embd.weight", cfg.vocab_size, d, pack)?;
         let output = match file.tensor("output.weight") {
-            Some(_) => matrix(file, "output.weight", cfg.vocab_size, d)?,
-            None => tok_embd,
+            Some(_) => matrix(file, "output.weight", cfg.vocab_size, d, pack)?,
+            None => tok_embd.clone(),
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
@@ -163,19 +218,19 @@ impl Weights {
             };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &n("attn_norm.weight"), d)?,
-                wq: matrix(file, &n("attn_q.weight"), cfg.q_dim(), d)?,
-                wk: matrix(file, &n("attn_k.weight"), cfg.kv_dim(), d)?,
-                wv: matrix(file, &n("attn_v.weight"), cfg.kv_dim(), d)?,
-                wo: matrix(file, &n("attn_output.weight"), d, cfg.q_dim())?,
+                wq: matrix(file, &n("attn_q.weight"), cfg.q_dim(), d, pack)?,
+                wk: matrix(file, &n("attn_k.weight"), cfg.kv_dim(), d, pack)?,
+                wv: matrix(file, &n("attn_v.weight"), cfg.kv_dim(), d, pack)?,
+                wo: matrix(file, &n("attn_output.weight"), d, cfg.q_dim(), pack)?,
                 bq: bias("attn_q.bias", cfg.q_dim())?,
                 bk: bias("attn_k.bias", cfg.kv_dim())?,
                 bv: bias("attn_v.bias", cfg.kv_dim())?,
                 q_norm: qk_norm("attn_q_norm.weight")?,
                 k_norm: qk_norm("attn_k_norm.weight")?,
                 ffn_norm: vector(file, &n("ffn_norm.weight"), d)?,
-                w_gate: matrix(file, &n("ffn_gate.weight"), cfg.ffn_dim, d)?,
-                w_up: matrix(file, &n("ffn_up.weight"), cfg.ffn_dim, d)?,
-                w_down: matrix(file, &n("ffn_down.weight"), d, cfg.ffn_dim)?,
+                w_gate: matrix(file, &n("ffn_gate.weight"), cfg.ffn_dim, d, pack)?,
+                w_up: matrix(file, &n("ffn_up.weight"), cfg.ffn_dim, d, pack)?,
+                w_down: matrix(file, &n("ffn_down.weight"), d, cfg.ffn_dim, pack)?,
             });
         }
         let output_norm = vector(file, "output_norm.weight", d)?;

@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use super::dot::{Kernels, Q8Acts, Q8KActs, Repacked};
+use super::dot::{Kernels, Q8Acts, Q8KActs};
 use super::pool::ThreadPool;
 use crate::quant::{QK, QK_K};
 
@@ -10,14 +10,12 @@ use crate::quant::{QK, QK_K};
 /// costs more than it saves.
 const PARALLEL_MIN_ELEMS: usize = 32 * 1024;
 
-/// Buffers for one matmul call (quantized activations, each thread's repacked weights),
-/// reused across calls: in steady state a matmul allocates nothing.
+/// Buffers for one matmul call (the quantized activations), reused across calls: in
+/// steady state a matmul allocates nothing.
 #[derive(Default)]
 pub struct MatmulScratch {
     pub(crate) q8: Q8Buffers,
     pub(crate) q8k: Q8KBuffers,
-    /// One per pool thread index, for the wide path.
-    pub(crate) repacked: Vec<Mutex<Repacked>>,
 }
 
 impl std::fmt::Debug for MatmulScratch {
@@ -25,7 +23,6 @@ impl std::fmt::Debug for MatmulScratch {
         f.debug_struct("MatmulScratch")
             .field("q8_elems", &self.q8.qs.capacity())
             .field("q8k_elems", &self.q8k.qs.capacity())
-            .field("repack_buffers", &self.repacked.len())
             .finish()
     }
 }
@@ -34,26 +31,14 @@ impl MatmulScratch {
     /// Allocated capacity of every buffer (the tests check that reuse does not grow it).
     #[cfg(test)]
     pub(crate) fn capacities(&self) -> Vec<usize> {
-        let mut c = vec![
+        vec![
             self.q8.qs.capacity(),
             self.q8.d.capacity(),
             self.q8.s.capacity(),
             self.q8k.qs.capacity(),
             self.q8k.d.capacity(),
             self.q8k.bsums.capacity(),
-        ];
-        for r in &self.repacked {
-            let r = r.lock().unwrap_or_else(|p| p.into_inner());
-            c.extend([r.codes.capacity(), r.d.capacity(), r.m.capacity()]);
-        }
-        c
-    }
-
-    /// Makes sure there is a repack buffer for each of `n_threads` threads.
-    pub(crate) fn ensure_threads(&mut self, n_threads: usize) {
-        while self.repacked.len() < n_threads {
-            self.repacked.push(Mutex::default());
-        }
+        ]
     }
 }
 

@@ -3,12 +3,12 @@
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use super::acts::MatmulScratch;
 use super::dot::{
-    self, F32Acts, Out, Q8Acts, Repacked, WTile, Wide, WideOut, MR, NR, WIDE_ACTS, WIDE_ROWS,
+    self, F32Acts, Out, PackedDot, PackedOut, Q8Acts, WTile, MR, NR, PACK_ACTS, PACK_ROWS,
 };
+use super::packed::PackedMatrix;
 use super::pool::ThreadPool;
 use super::KernelError;
 use crate::quant::{self, GgmlType};
@@ -22,10 +22,6 @@ const CHUNK_CACHE_BYTES: usize = 32 * 1024;
 /// Chunks per thread to aim for, so a thread slowed by something else is not the
 /// critical path.
 const CHUNKS_PER_THREAD: usize = 4;
-/// From this many activation rows on, the wide path (weights repacked per call) is
-/// faster than the tile kernels, where the kernel table has one (measured on Zen 5:
-/// about even at 3 rows, 1.4x at 4, 2x at 8, 3x at 64).
-const WIDE_MIN_N: usize = 4;
 
 /// A row-major weight matrix in its GGUF block layout: row `r` is
 /// `data[r * row_bytes .. (r + 1) * row_bytes]`.
@@ -85,11 +81,42 @@ impl<'a> WeightMatrix<'a> {
     }
 }
 
+/// A weight matrix in either layout: the type keeps packed weights away from the
+/// GGUF-layout kernels and the other way round.
+#[derive(Debug, Clone, Copy)]
+pub enum Weight<'a> {
+    Gguf(WeightMatrix<'a>),
+    Packed(&'a PackedMatrix),
+}
+
+impl<'a> From<WeightMatrix<'a>> for Weight<'a> {
+    fn from(w: WeightMatrix<'a>) -> Self {
+        Weight::Gguf(w)
+    }
+}
+
+impl<'a> From<&WeightMatrix<'a>> for Weight<'a> {
+    fn from(w: &WeightMatrix<'a>) -> Self {
+        Weight::Gguf(*w)
+    }
+}
+
+impl<'a> From<&'a PackedMatrix> for Weight<'a> {
+    fn from(w: &'a PackedMatrix) -> Self {
+        Weight::Packed(w)
+    }
+}
+
 /// Decodes row `row` of `w` into `out` (an embedding lookup).
 ///
 /// # Panics
-/// If `row >= w.rows` or `out.len() != w.cols` (the caller validates token ids).
-pub fn dequantize_row(w: &WeightMatrix, row: usize, out: &mut [f32]) {
+/// If `row` is out of range or `out` is not one row long (the caller validates token
+/// ids).
+pub fn dequantize_row<'w>(w: impl Into<Weight<'w>>, row: usize, out: &mut [f32]) {
+    let w = match w.into() {
+        Weight::Packed(p) => return p.dequantize_row(row, out),
+        Weight::Gguf(w) => w,
+    };
     assert!(row < w.rows, "row {row} out of {} rows", w.rows);
     assert_eq!(out.len(), w.cols, "output length");
     let rb = w.row_bytes();
@@ -105,14 +132,19 @@ pub fn dequantize_row(w: &WeightMatrix, row: usize, out: &mut [f32]) {
 ///
 /// # Panics
 /// If `w` is inconsistent (see `WeightMatrix::new`) or `x` / `y` have the wrong length.
-pub fn matmul(
+pub fn matmul<'w>(
     pool: &ThreadPool,
-    w: &WeightMatrix,
+    w: impl Into<Weight<'w>>,
     x: &[f32],
     n: usize,
     y: &mut [f32],
     scratch: &mut MatmulScratch,
 ) {
+    let w = match w.into() {
+        Weight::Packed(p) => return matmul_packed(pool, p, x, n, y, scratch),
+        Weight::Gguf(w) => w,
+    };
+    let w = &w;
     if let Err(e) = w.check() {
         panic!("matmul: {e}");
     }
@@ -136,20 +168,8 @@ pub fn matmul(
                 Q5_1 => k.q5_1,
                 _ => k.q8_0,
             };
-            let wide = match w.ty {
-                Q4_0 => k.wide_q4_0,
-                Q4_1 => k.wide_q4_1,
-                Q8_0 => k.wide_q8_0,
-                _ => None,
-            };
-            scratch.ensure_threads(pool.n_threads());
             let acts = scratch.q8.quantize(pool, k, x, w.cols);
-            match wide {
-                Some(wide) if n >= WIDE_MIN_N => {
-                    run_wide(pool, w, n, y, wide, &acts, &scratch.repacked)
-                }
-                _ => run_tiles(pool, w, n, y, |t, j0, nr, out| tile(t, &acts, j0, nr, out)),
-            }
+            run_tiles(pool, w, n, y, |t, j0, nr, out| tile(t, &acts, j0, nr, out));
         }
         Q4_K | Q5_K | Q6_K => {
             let tile = match w.ty {
@@ -228,54 +248,67 @@ where
     });
 }
 
-/// The wide path: each thread repacks `WIDE_ROWS` weight rows at a time into its own
-/// buffer and runs all activation rows against them.
-fn run_wide(
+/// `matmul` for packed weights.
+fn matmul_packed(
     pool: &ThreadPool,
-    w: &WeightMatrix,
+    w: &PackedMatrix,
+    x: &[f32],
     n: usize,
     y: &mut [f32],
-    wide: Wide,
-    acts: &Q8Acts,
-    buffers: &[Mutex<Repacked>],
+    scratch: &mut MatmulScratch,
 ) {
-    let (rows, rb) = (w.rows, w.row_bytes());
-    let chunk = rows
-        .div_ceil(pool.n_threads() * CHUNKS_PER_THREAD)
-        .next_multiple_of(WIDE_ROWS);
-    let n_chunks = rows.div_ceil(chunk);
+    assert_eq!(x.len(), n * w.cols(), "matmul: x must be n x cols");
+    assert_eq!(y.len(), n * w.rows(), "matmul: y must be n x rows");
+    if n == 0 || w.rows() == 0 {
+        return;
+    }
+    if w.cols() == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let k = dot::best();
+    let dot = match w.ty() {
+        GgmlType::Q4_0 => k.packed_q4_0,
+        GgmlType::Q4_1 => k.packed_q4_1,
+        _ => k.packed_q8_0,
+    };
+    let acts = scratch.q8.quantize(pool, k, x, w.cols());
+    run_packed(pool, w, n, y, dot, &acts);
+}
+
+/// Runs `dot` over every (group, activation rows) pair: threads take chunks of groups
+/// in turn and run every activation row against a group while it is in cache.
+fn run_packed(
+    pool: &ThreadPool,
+    w: &PackedMatrix,
+    n: usize,
+    y: &mut [f32],
+    dot: PackedDot,
+    acts: &Q8Acts,
+) {
+    let (rows, groups) = (w.rows(), w.n_groups());
+    let chunk = groups.div_ceil(pool.n_threads() * CHUNKS_PER_THREAD);
+    let n_chunks = groups.div_ceil(chunk);
     let next = AtomicUsize::new(0);
     let out = SharedOut::new(y);
-    pool.run(&|t, _| {
-        // Each thread index runs once per `run`, so its buffer is never contended; a
-        // poisoned lock only means an earlier call panicked mid-repack, and every repack
-        // rewrites the buffer.
-        let mut buf = buffers[t].lock().unwrap_or_else(|p| p.into_inner());
-        let mut res: WideOut = [[0.0; WIDE_ROWS]; WIDE_ACTS];
+    pool.run(&|_, _| {
+        let mut res: PackedOut = [[0.0; PACK_ROWS]; PACK_ACTS];
         loop {
             let c = next.fetch_add(1, Ordering::Relaxed);
             if c >= n_chunks {
                 break;
             }
-            let (r0, r1) = (c * chunk, ((c + 1) * chunk).min(rows));
-            for g0 in (r0..r1).step_by(WIDE_ROWS) {
-                let gr = WIDE_ROWS.min(r1 - g0);
-                let group = WTile {
-                    data: &w.data[g0 * rb..(g0 + gr) * rb],
-                    row_bytes: rb,
-                    rows: gr,
-                    cols: w.cols,
-                };
-                (wide.repack)(&group, &mut buf);
-                for j0 in (0..n).step_by(WIDE_ACTS) {
-                    let nr = WIDE_ACTS.min(n - j0);
-                    (wide.dot)(&buf, acts, j0, nr, &mut res);
+            for g in c * chunk..((c + 1) * chunk).min(groups) {
+                let group = w.group(g);
+                let r0 = g * PACK_ROWS;
+                let gr = PACK_ROWS.min(rows - r0);
+                for j0 in (0..n).step_by(PACK_ACTS) {
+                    let nr = PACK_ACTS.min(n - j0);
+                    dot(&group, acts, j0, nr, &mut res);
                     for (j, res_j) in res.iter().enumerate().take(nr) {
-                        for (r, &v) in res_j.iter().enumerate().take(gr) {
-                            // SAFETY: as in `run_tiles`: rows g0..g0 + gr belong to chunk
-                            // `c`, which only this thread processes.
-                            unsafe { out.write((j0 + j) * rows + g0 + r, v) };
-                        }
+                        // SAFETY: rows r0..r0 + gr belong to group g of chunk `c`, which
+                        // only this thread processes.
+                        unsafe { out.write_slice((j0 + j) * rows + r0, &res_j[..gr]) };
                     }
                 }
             }
@@ -310,6 +343,29 @@ impl<'a> SharedOut<'a> {
         assert!(i < self.len, "output index {i} out of {}", self.len);
         // SAFETY: in bounds (checked above) and unaliased (the caller's contract).
         unsafe { self.ptr.add(i).write(v) }
+    }
+
+    /// Writes `v` at `i..i + v.len()`.
+    ///
+    /// # Safety
+    /// No other thread may access those elements while this `SharedOut` exists.
+    unsafe fn write_slice(&self, i: usize, v: &[f32]) {
+        assert!(
+            i.checked_add(v.len()).is_some_and(|end| end <= self.len),
+            "output range {i}+{} out of {}",
+            v.len(),
+            self.len
+        );
+        // SAFETY: in bounds (checked above) and unaliased (the caller's contract); `v`
+        // is a separate local buffer. A whole group's row gets a fixed-size copy, which
+        // compiles to two vector moves instead of a `memcpy` call.
+        unsafe {
+            if v.len() == PACK_ROWS {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), PACK_ROWS)
+            } else {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), v.len())
+            }
+        }
     }
 }
 

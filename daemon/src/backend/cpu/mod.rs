@@ -1,23 +1,28 @@
 //! The CPU backend: quantized matrix kernels (scalar, AVX2, AVX-512 VNNI, NEON) and the
 //! thread pool that runs them.
 //!
-//! `matmul` is the entry point: `y = x * W^T` for a weight matrix in its GGUF layout and
-//! a batch of `f32` activation rows. Activations are quantized once per call (to the
+//! `matmul` is the entry point: `y = x * W^T` for a weight matrix (in its GGUF layout, or
+//! packed at load where the kernels want it, see `packed.rs`) and a batch of `f32`
+//! activation rows. Activations are quantized once per call (to the
 //! 8-bit format that pairs with the weight type, as ggml does) and each thread takes
 //! chunks of weight rows, running every activation row against them while they are in
 //! cache. The SIMD path is picked once at run time from the CPU's features.
 
 mod acts;
+mod attn;
 mod backend;
 mod dot;
 mod matmul;
+mod packed;
 mod pool;
 #[cfg(test)]
 mod testutil;
 
 pub use acts::MatmulScratch;
+pub use attn::{attn_kernels, AttnKernels, Softmax};
 pub use backend::CpuBackend;
-pub use matmul::{dequantize_row, matmul, WeightMatrix};
+pub use matmul::{dequantize_row, matmul, Weight, WeightMatrix};
+pub use packed::{should_pack, PackedMatrix};
 pub use pool::{physical_cores, ThreadPool};
 
 use crate::quant::GgmlType;

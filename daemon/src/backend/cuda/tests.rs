@@ -29,10 +29,17 @@ fn emulator() -> Option<EmuGpu> {
     }
 }
 
-fn model(spec: &SynthSpec) -> Arc<Model> {
+/// The model twice: laid out for the CPU kernels (packed where they pack) and in the
+/// file's layout for the device.
+fn model(spec: &SynthSpec) -> (Arc<Model>, Model) {
     let bytes = synth_gguf(spec).expect("synth").to_bytes();
-    let file = GgufFile::from_bytes(bytes).expect("parse synth");
-    Arc::new(Model::from_file(file, Path::new("synth.gguf")).expect("load synth"))
+    let cpu = GgufFile::from_bytes(bytes.clone()).expect("parse synth");
+    let dev = GgufFile::from_bytes(bytes).expect("parse synth");
+    let path = Path::new("synth.gguf");
+    (
+        Arc::new(Model::from_file(cpu, path).expect("load synth")),
+        Model::from_file_unpacked(dev, path).expect("load synth"),
+    )
 }
 
 /// A llama-shaped spec; K-quants need rows of 256, so those models are 256 wide.
@@ -74,9 +81,9 @@ fn plan(vocab: usize, steps: usize) -> ParityPlan {
 /// Runs `plan` on the CPU and on the emulated CUDA forward; asserts the bar.
 fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) {
     let Some(emu) = emulator() else { return };
-    let m = model(spec);
+    let (m, dev_model) = model(spec);
     let mut cpu = CpuBackend::new(m.clone(), 1024, 1);
-    let mut gpu = CudaBackend::new(&m, emu, opts).expect("upload to the emulated device");
+    let mut gpu = CudaBackend::new(&dev_model, emu, opts).expect("upload to the emulated device");
     // Blocks come out of the device pool in a scrambled order, so the block tables the
     // kernels follow are not the identity (the CPU pool stays in order).
     gpu.pool.shuffle_free_list(7);

@@ -87,7 +87,14 @@ fn upload_matrix(
                 m.ty, m.cols
             ))
         })?;
-    let data = m.view(&model.file).data;
+    let data = m
+        .file_layout(&model.file)
+        .ok_or_else(|| {
+            GpuError::Unsupported(format!(
+                "tensor {name} was packed for the CPU; load the model with Model::load_mapped"
+            ))
+        })?
+        .data;
     let buf = gpu.alloc(data.len(), name)?;
     gpu.upload(buf.ptr(), data)?;
     *bytes += data.len() as u64;
@@ -156,10 +163,7 @@ impl DevWeights {
         }
         let output_norm = upload_f32(gpu, &w.output_norm, "output_norm.weight", &mut bytes)?;
         // A tied head is the embedding itself: one copy on the device.
-        let tied = std::ptr::eq(
-            w.output.view(&model.file).data.as_ptr(),
-            w.tok_embd.view(&model.file).data.as_ptr(),
-        );
+        let tied = w.output.same_tensor(&w.tok_embd);
         let output = if tied {
             tok_embd
         } else {

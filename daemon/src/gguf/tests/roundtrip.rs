@@ -288,3 +288,38 @@ fn writer_refuses_values_it_cannot_encode() {
         assert!(!path.exists(), "{what}");
     }
 }
+
+#[test]
+fn releasing_a_tensor_of_the_private_copy_leaves_its_neighbours_intact() {
+    let dir = std::env::temp_dir().join(format!("sparkd-gguf-release-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("model.gguf");
+    let mut w = GgufWriter::new();
+    // Sizes that are not multiples of a page, so the tensors share pages at their edges.
+    let a: Vec<u8> = (0..3001 * 4).map(|i| (i % 251) as u8 | 1).collect();
+    let b: Vec<u8> = (0..2999 * 4).map(|i| (i % 241) as u8 | 1).collect();
+    let c: Vec<u8> = (0..5003 * 4).map(|i| (i % 239) as u8 | 1).collect();
+    for (name, data) in [("a", &a), ("b", &b), ("c", &c)] {
+        w.add_tensor(
+            name,
+            vec![(data.len() / 4) as u64],
+            GgmlType::F32,
+            data.clone(),
+        )
+        .unwrap();
+    }
+    w.write_file(&path).expect("write");
+    let f = GgufFile::load(&path).expect("load");
+    let t = |n: &str| f.tensor(n).unwrap().clone();
+    let (ta, tb, tc) = (t("a"), t("b"), t("c"));
+    f.release_pages(tb.offset as usize, tb.n_bytes as usize);
+    assert_eq!(f.tensor_data(&ta), &a[..]);
+    assert_eq!(f.tensor_data(&tc), &c[..]);
+    // The middle of b (whole pages inside it) was given back and reads as zeros; its
+    // edges, on pages shared with a and c, kept their bytes.
+    let data = f.tensor_data(&tb);
+    assert!(data.contains(&0), "no page of b was released");
+    assert_eq!(data[0], b[0]);
+    assert_eq!(data[data.len() - 1], b[b.len() - 1]);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

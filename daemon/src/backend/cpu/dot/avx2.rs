@@ -35,9 +35,10 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
-        wide_q4_0: None,
-        wide_q4_1: None,
-        wide_q8_0: None,
+        packed_q4_0: super::packed::dot_q4_0,
+        packed_q4_1: super::packed::dot_q4_1,
+        packed_q8_0: super::packed::dot_q8_0,
+        pack_weights: false,
     })
 }
 

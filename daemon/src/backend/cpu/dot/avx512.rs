@@ -1,7 +1,7 @@
 //! AVX-512 kernels (F, BW, VL, VNNI, VBMI: Ice Lake, Zen 4 and later) for the legacy
 //! quant types, the float types and the activation quantizers. K-quants use the AVX2
-//! kernels; batches of 4+ activation rows of Q4_0 / Q4_1 / Q8_0 take the wide path
-//! (`wide.rs`).
+//! kernels; Q4_0 / Q4_1 / Q8_0 weights packed at load have their own kernel
+//! (`packed.rs`).
 //!
 //! Legacy blocks are decoded into unsigned 8-bit codes `c` with `x = d * c + m` (the
 //! signed types get `m = -8d`, `-16d` or `-128d`, Q8_0 by flipping the sign bit), so one
@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use super::{avx2, scalar, F32Acts, Kernels, Out, Q8Acts, WTile};
 use crate::quant::{GgmlType, QK, QK_K};
 
-mod wide;
+mod packed;
 
 pub(super) fn kernels() -> Option<Kernels> {
     let ok = is_x86_feature_detected!("avx512f")
@@ -43,9 +43,10 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
-        wide_q4_0: Some(wide::WIDE_Q4_0),
-        wide_q4_1: Some(wide::WIDE_Q4_1),
-        wide_q8_0: Some(wide::WIDE_Q8_0),
+        packed_q4_0: packed::dot_q4_0,
+        packed_q4_1: packed::dot_q4_1,
+        packed_q8_0: packed::dot_q8_0,
+        pack_weights: true,
         ..base
     })
 }

@@ -40,6 +40,9 @@ macro_rules! tile_shapes {
     };
 }
 
+// Output tiles are indexed `[j][r]` like the register tiles (see below).
+#[allow(clippy::needless_range_loop)]
+pub(crate) mod packed;
 pub(crate) mod scalar;
 
 // Register tiles are indexed `[r][j]` in lockstep over several arrays; index loops over
@@ -59,11 +62,18 @@ mod neon;
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)]
 mod tests;
+#[cfg(test)]
+#[allow(clippy::needless_range_loop)]
+mod tests_packed;
 
 /// Most weight rows per tile.
 pub(crate) const MR: usize = 4;
 /// Most activation rows per tile.
 pub(crate) const NR: usize = 4;
+/// Weight rows per packed group: one per 32-bit lane of a 512-bit vector.
+pub(crate) const PACK_ROWS: usize = 16;
+/// Most activation rows per call of a packed kernel.
+pub(crate) const PACK_ACTS: usize = 8;
 // `tile_shapes!` spells out every shape.
 const _: () = assert!(MR == 4 && NR == 4);
 
@@ -233,37 +243,22 @@ pub(crate) type QuantizeQ8 = fn(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut
 /// Quantizes whole 256-blocks: `x.len() == qs.len() == 256 * d.len() == 16 * bsums.len()`.
 pub(crate) type QuantizeQ8K = fn(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]);
 
-/// Weight rows per group in the wide path.
-pub(crate) const WIDE_ROWS: usize = 16;
-/// Activation rows per call of a wide kernel.
-pub(crate) const WIDE_ACTS: usize = 8;
-
-/// A group of up to `WIDE_ROWS` weight rows rearranged for the wide path (the layout is
-/// the kernel's own), reused from call to call.
-#[derive(Debug, Default)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct Repacked {
-    pub codes: Vec<u8>,
-    pub d: Vec<f32>,
-    pub m: Vec<f32>,
+/// A group of `PACK_ROWS` weight rows in the packed layout (see `packed.rs`).
+#[derive(Clone, Copy)]
+pub(crate) struct PackedGroup<'a> {
+    /// Exactly `packed::group_bytes(ty, nb)` bytes.
+    pub data: &'a [u8],
     /// Blocks per row.
     pub nb: usize,
 }
 
-/// `out[j][r]`: activation row `j`, weight row `r` of a repacked group.
-pub(crate) type WideOut = [[f32; WIDE_ROWS]; WIDE_ACTS];
+/// `out[j][r]`: activation row `j`, weight row `r` of a packed group.
+pub(crate) type PackedOut = [[f32; PACK_ROWS]; PACK_ACTS];
 
-/// The path for many activation rows: weights are repacked once per call into
-/// `WIDE_ROWS`-row groups with rows in vector lanes, which then run against
-/// `WIDE_ACTS` activation rows at a time with much less arithmetic per product than the
-/// tile kernels. Only worth it when the repacking is shared by enough activation rows.
-#[derive(Clone, Copy)]
-pub(crate) struct Wide {
-    /// Repacks `w` (1..=WIDE_ROWS rows) into `out`.
-    pub repack: for<'w> fn(&WTile<'w>, &mut Repacked),
-    /// Fills `out[j][r]` for activation rows `j0..j0 + nr` (`nr <= WIDE_ACTS`).
-    pub dot: for<'a> fn(&Repacked, &Q8Acts<'a>, usize, usize, &mut WideOut),
-}
+/// A kernel over one packed group: fills `out[j][r]` for every row of the group and
+/// activation rows `j0..j0 + nr` (`1..=PACK_ACTS`).
+pub(crate) type PackedDot =
+    for<'w, 'a> fn(&PackedGroup<'w>, &Q8Acts<'a>, usize, usize, &mut PackedOut);
 
 /// One instruction set's kernels.
 #[derive(Clone, Copy)]
@@ -282,10 +277,15 @@ pub(crate) struct Kernels {
     pub f32: FloatTile,
     pub f16: FloatTile,
     pub bf16: FloatTile,
-    /// Wide paths for Q4_0, Q4_1 and Q8_0, where the instruction set has one.
-    pub wide_q4_0: Option<Wide>,
-    pub wide_q4_1: Option<Wide>,
-    pub wide_q8_0: Option<Wide>,
+    /// Kernels over packed Q4_0, Q4_1 and Q8_0 weights (every table has them: the
+    /// scalar twins where there is no SIMD version).
+    pub packed_q4_0: PackedDot,
+    pub packed_q4_1: PackedDot,
+    pub packed_q8_0: PackedDot,
+    /// Whether the model should pack its Q4_0 / Q4_1 / Q8_0 weights at load for this
+    /// table (only where the packed kernels beat the GGUF-layout tiles at every batch
+    /// size).
+    pub pack_weights: bool,
 }
 
 /// Every kernel table this CPU can run, plainest first (the scalar one is always there).

@@ -22,9 +22,10 @@ pub(crate) const KERNELS: Kernels = Kernels {
     f32: |w, a, j0, nr, out| float_tile(|b, i| f32_at(b, 4 * i), w, a, j0, nr, out),
     f16: |w, a, j0, nr, out| float_tile(|b, i| f16_at(b, 2 * i), w, a, j0, nr, out),
     bf16: |w, a, j0, nr, out| float_tile(|b, i| bf16_at(b, 2 * i), w, a, j0, nr, out),
-    wide_q4_0: None,
-    wide_q4_1: None,
-    wide_q8_0: None,
+    packed_q4_0: super::packed::dot_q4_0,
+    packed_q4_1: super::packed::dot_q4_1,
+    packed_q8_0: super::packed::dot_q8_0,
+    pack_weights: false,
 };
 
 #[inline]
