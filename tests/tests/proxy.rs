@@ -336,14 +336,23 @@ async fn forwards_to_llama_server_on_the_default_model() {
 #[ignore = "a benchmark: run by hand"]
 async fn proxy_overhead_benchmark() {
     let home = Daemon::start(&tiny_model(), &[]);
-    let want_sparkd = std::env::var("SPARKD_BENCH_UPSTREAM").is_ok_and(|v| v == "sparkd");
-    let llama = if want_sparkd {
-        None
-    } else {
+    let choice = std::env::var("SPARKD_BENCH_UPSTREAM").unwrap_or_default();
+    let llama = if choice.is_empty() {
         llama_server("smollm2-llama").await
+    } else {
+        None
     };
     let (upstream_url, model, _keep): (String, &str, Vec<Box<dyn std::any::Any>>) = match llama {
         Some(llama) => (llama.url.clone(), "smollm2-llama", vec![Box::new(llama)]),
+        None if choice == "paced" => {
+            let tps: f64 = std::env::var("SPARKD_BENCH_PACE_TPS")
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(200.0);
+            eprintln!("benchmarking against a paced upstream: {tps} tok/s per stream, no compute");
+            let (url, task) = paced_upstream(tps).await;
+            (url, "paced", vec![Box::new(AbortOnDrop(task))])
+        }
         None => {
             eprintln!("benchmarking against a second sparkd shim on the synthetic model");
             let dir = TempDir::new("bench");
@@ -428,5 +437,103 @@ async fn proxy_overhead_benchmark() {
             100.0 * r,
             100.0 * (1.0 - r)
         );
+    }
+}
+
+/// Aborts a background task when the benchmark ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An OpenAI-compatible upstream that streams completions at a fixed pace and computes
+/// nothing: with the engine's own noise gone, what differs between direct and proxied
+/// is the proxy alone. Serves `GET /v1/models` (one model, `paced`) and streaming
+/// `POST /v1/completions` (`max_tokens` chunks, then usage and `[DONE]`), keep-alive.
+async fn paced_upstream(tps: f64) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let period = Duration::from_secs_f64(1.0 / tps);
+    let task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve_paced(stream, period));
+        }
+    });
+    (url, task)
+}
+
+async fn serve_paced(mut stream: tokio::net::TcpStream, period: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.set_nodelay(true);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body: Value =
+            serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or_default();
+        buf.drain(..head_end + len);
+        if head.starts_with("get /v1/models") {
+            let models =
+                r#"{"object":"list","data":[{"id":"paced","object":"model","owned_by":"test"}]}"#;
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{models}",
+                models.len()
+            );
+            if stream.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let n = body["max_tokens"].as_u64().unwrap_or(16);
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        if stream.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let send = |data: String| format!("{:x}\r\n{data}\r\n", data.len());
+        let start = tokio::time::Instant::now();
+        for i in 0..n {
+            tokio::time::sleep_until(start + period * (i as u32 + 1)).await;
+            let event = format!(
+                "data: {{\"id\":\"p\",\"object\":\"text_completion\",\"model\":\"paced\",\"choices\":[{{\"index\":0,\"text\":\" w{i}\",\"finish_reason\":null}}]}}\n\n"
+            );
+            if stream.write_all(send(event).as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        let usage = format!(
+            "data: {{\"id\":\"p\",\"object\":\"text_completion\",\"model\":\"paced\",\"choices\":[],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":{n},\"total_tokens\":{}}}}}\n\n",
+            n + 5
+        );
+        let tail = format!(
+            "{}{}0\r\n\r\n",
+            send(usage),
+            send("data: [DONE]\n\n".into())
+        );
+        if stream.write_all(tail.as_bytes()).await.is_err() {
+            return;
+        }
     }
 }
