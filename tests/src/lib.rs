@@ -289,6 +289,37 @@ fn listen_address(log: &str) -> Option<SocketAddr> {
 }
 
 /// `s` without terminal colour codes (the daemon colours its log even into a file).
+/// Runs `sparkd` with `args` until it exits (at most a minute; a panic otherwise):
+/// its exit status and its stderr, colours stripped.
+pub fn run_sparkd_to_exit<S: AsRef<std::ffi::OsStr>>(
+    args: &[S],
+) -> (std::process::ExitStatus, String) {
+    let dir = TempDir::new("run");
+    let log = dir.path().join("err.log");
+    let mut child = Command::new(bin("sparkd"))
+        .args(args)
+        .env_remove("SPARKD_SOCKET")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("spawn sparkd");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for sparkd") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("sparkd did not exit within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
+    (status, stderr)
+}
+
 pub fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();

@@ -4,10 +4,7 @@
 //! and the exit codes scripts/gpu-check.sh relies on. On a machine with a GPU the
 //! no-GPU expectations are skipped with a message.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use sparkd_e2e::{bin, strip_ansi, tiny_model, Daemon, TempDir};
+use sparkd_e2e::{run_sparkd_to_exit, strip_ansi, tiny_model, Daemon, TempDir};
 
 /// Whether this machine has an NVIDIA driver at all (then the no-GPU checks do not apply).
 fn driver_present() -> bool {
@@ -16,31 +13,9 @@ fn driver_present() -> bool {
         .any(|p| std::path::Path::new(p).exists())
 }
 
-/// Runs sparkd with `args` to completion (at most a minute): exit code and stderr.
+/// Runs sparkd with `args` to completion: exit code and stderr.
 fn run(args: &[&str]) -> (Option<i32>, String) {
-    let dir = TempDir::new("dev");
-    let log = dir.path().join("err.log");
-    let mut child = Command::new(bin("sparkd"))
-        .args(args)
-        .env_remove("SPARKD_SOCKET")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn sparkd");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("sparkd {args:?} did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stderr = strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
+    let (status, stderr) = run_sparkd_to_exit(args);
     (status.code(), stderr)
 }
 

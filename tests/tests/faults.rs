@@ -4,14 +4,13 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use spark_client::protocol::*;
 use spark_client::{ClientError, GenerationEvent};
 use sparkd_e2e::load::conn::Conn;
-use sparkd_e2e::{bin, strip_ansi, tiny_model, Daemon, TempDir};
+use sparkd_e2e::{run_sparkd_to_exit, strip_ansi, tiny_model, Daemon, TempDir};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -365,34 +364,12 @@ async fn a_daemon_killed_mid_stream_gives_disconnected_and_a_restart_serves_agai
 fn serve_once(model: &std::path::Path, extra: &[&str]) -> (std::process::ExitStatus, String, bool) {
     let dir = TempDir::new("bad");
     let socket = dir.path().join("s.sock");
-    let log = dir.path().join("err.log");
-    let mut child = Command::new(bin("sparkd"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--no-pull", "--threads", "1"])
-        .args(extra)
-        .env_remove("SPARKD_SOCKET")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn sparkd");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("sparkd did not give up on {}", model.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stderr = strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
+    let mut args: Vec<std::ffi::OsString> = vec!["serve".into(), "--model".into()];
+    args.push(model.into());
+    args.extend(["--socket".into(), socket.clone().into()]);
+    args.extend(["--no-pull", "--threads", "1"].map(Into::into));
+    args.extend(extra.iter().map(Into::into));
+    let (status, stderr) = run_sparkd_to_exit(&args);
     (status, stderr, socket.exists())
 }
 
