@@ -60,20 +60,6 @@ async function api(pathname) {
   return response.json();
 }
 
-/**
- * A response body as UTF-8. DevTools (where Playwright reads bodies) decodes a
- * `text/event-stream` without a charset parameter as windows-1252, though SSE is always
- * UTF-8 (and the page decodes it so); such a body is turned back into its bytes first.
- */
-function utf8(body) {
-  const cp1252 = new TextDecoder('windows-1252');
-  const byteOf = new Map();
-  for (let b = 0; b < 256; b += 1) byteOf.set(cp1252.decode(Uint8Array.of(b)), b);
-  const chars = [...body];
-  if (!chars.every((c) => byteOf.has(c))) return body; // not windows-1252: decoded already
-  return Buffer.from(chars.map((c) => byteOf.get(c))).toString('utf8');
-}
-
 /** The answer text and the usage in a chat completion's SSE body. */
 function parseStream(body) {
   let text = '';
@@ -165,7 +151,7 @@ try {
     assert(firstCount >= 1 && firstCount <= 24, `token count ${firstCount} outside 1..=24`);
 
     // The page shows exactly what was streamed, and the stats line the stream's usage.
-    const { text: streamed, usage } = parseStream(utf8((await (await response).body()).toString('utf8')));
+    const { text: streamed, usage } = parseStream((await (await response).body()).toString('utf8'));
     assert(await answerText(0) === streamed, `shown "${await answerText(0)}", streamed "${streamed}"`);
     assert(usage && usage.completion_tokens === firstCount, `usage ${JSON.stringify(usage)}`);
     const sent = chatBodies[0];

@@ -187,9 +187,16 @@ pub fn stream(
     .flatten()
     .map(Ok::<_, Infallible>)
     .take_until(shutdown.cancelled_owned());
-    Sse::new(body)
+    let mut response = Sse::new(body)
         .keep_alive(KeepAlive::default())
-        .into_response()
+        .into_response();
+    // SSE is always UTF-8, but tools that read bodies (browser devtools, some proxies)
+    // fall back to windows-1252 for a text type without a charset.
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    response
 }
 
 struct StreamState {

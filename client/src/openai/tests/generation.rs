@@ -112,10 +112,8 @@ async fn chat_stream_without_include_usage_has_no_usage() {
         .to_str()
         .unwrap()
         .to_string();
-    assert!(
-        content_type.starts_with("text/event-stream"),
-        "{content_type}"
-    );
+    // With the charset, tools that read bodies do not guess windows-1252.
+    assert_eq!(content_type, "text/event-stream; charset=utf-8");
     let chunks = sse_chunks(&response.text().await.unwrap());
 
     let id = chunks[0]["id"].as_str().unwrap();
