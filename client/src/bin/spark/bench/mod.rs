@@ -36,7 +36,7 @@ pub struct Args {
     /// The GGUF llama-server loads [default: the daemon's model file]
     #[arg(long, value_name = "PATH")]
     pub peer_model: Option<PathBuf>,
-    /// llama-server threads [default: this machine's cores, like sparkd]
+    /// llama-server threads [default: the logical CPUs; pass sparkd's --threads on SMT machines]
     #[arg(long)]
     pub threads: Option<usize>,
     /// Print one JSON object instead of the table
