@@ -96,11 +96,7 @@ async fn one_stream(
     while let Some(event) = generation.next().await {
         let now = start.elapsed().as_secs_f64();
         match event? {
-            GenerationEvent::Token(_) => {
-                sample.tokens += 1;
-                sample.first_token_s.get_or_insert(now);
-                sample.last_token_s = Some(now);
-            }
+            GenerationEvent::Token(_) => sample.token_arrived(now),
             GenerationEvent::Done(done) => {
                 sample.done_s = now;
                 if !matches!(

@@ -153,9 +153,7 @@ impl RunningPeer {
                 }
                 // One event per generated token (its text may be empty while a UTF-8
                 // character is incomplete).
-                sample.tokens += 1;
-                sample.first_token_s.get_or_insert(now);
-                sample.last_token_s = Some(now);
+                sample.token_arrived(now);
             }
         }
         bail!("llama-server's stream ended without its final event")

@@ -23,6 +23,13 @@ pub struct StreamSample {
 }
 
 impl StreamSample {
+    /// Books one generated token arriving at `now_s`.
+    pub fn token_arrived(&mut self, now_s: f64) {
+        self.tokens += 1;
+        self.first_token_s.get_or_insert(now_s);
+        self.last_token_s = Some(now_s);
+    }
+
     /// Decode rate at the client: tokens after the first over the time between the
     /// first and the last arrival, the same definition as the engine's `decode_tps`.
     pub fn client_decode_tps(&self) -> Option<f64> {
