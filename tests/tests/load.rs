@@ -33,15 +33,22 @@ async fn socket_load_accounts_for_every_request_and_returns_to_idle() {
     );
     let round = &report.rounds[0];
     assert_eq!(round.requests, REQUESTS);
-    // The mix really contained hang-ups and cancels, and the memory check really ran.
-    let ending = |what: &str| {
-        round
-            .endings
+    // The mix really contained hang-ups and cancels that reached the engine in time.
+    // Whether a given cancel beats the end of its (short) answer is a race with the
+    // engine's speed, so this looks at every round of the run (the warm-ups carry the
+    // same mix of requests), not at one; the checks above hold for each round.
+    let ending = |what: &str| -> usize {
+        report
+            .warmup
             .iter()
-            .find(|(w, _)| w == what)
-            .map_or(0, |(_, n)| *n)
+            .chain(&report.rounds)
+            .flat_map(|r| &r.endings)
+            .filter(|(w, _)| w == what)
+            .map(|(_, n)| *n)
+            .sum()
     };
-    assert!(ending("hung up") > 0 && ending("cancelled") > 0, "{round}");
+    assert!(ending("hung up") > 0 && ending("cancelled") > 0, "{report}");
+    // And the memory check really ran.
     assert!(round
         .checks
         .iter()
