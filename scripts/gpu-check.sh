@@ -28,9 +28,10 @@
 #     prints JSON lines, one flat object per measurement:
 #       {"kind":"device","name":"NVIDIA GB10","sm":"sm_121","memory_bytes":128000000000}
 #       {"kind":"copy","gb_s":230.5}            device-to-device copy, (read+write)/time
-#       {"kind":"decode","batch":8,"tok_s":310.2,"gb_s":201.7}
+#       {"kind":"decode","batch":8,"graphs":true,"tok_s":310.2,"gb_s":201.7}
 #                                               gb_s = bytes read per step (weights and
-#                                               KV) / step time
+#                                               KV) / step time; batch 1 comes twice,
+#                                               with and without CUDA graphs
 #       {"kind":"prefill","tokens":512,"tok_s":4100.0}
 #
 # Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity]
@@ -134,7 +135,7 @@ if [ "$DO_BENCH" = 1 ]; then
     case "$(field "$line" kind)" in
       device) echo "  device   $(field "$line" name) ($(field "$line" sm))" ;;
       copy) copy=$(field "$line" gb_s)
-            printf '  %-22s %10s %10.1f GB/s\n' "device copy" "" "$copy" ;;
+            printf '  %-26s %10s %10.1f GB/s\n' "device copy" "" "$copy" ;;
     esac
   done < "$WORK/bench.jsonl"
   while IFS= read -r line; do
@@ -142,12 +143,35 @@ if [ "$DO_BENCH" = 1 ]; then
       decode)
         gb=$(field "$line" gb_s)
         pct=$(awk -v g="$gb" -v c="${copy:-0}" 'BEGIN { if (c > 0) printf "(%.0f%% of copy)", 100 * g / c }')
-        printf '  %-22s %10.1f tok/s %7.1f GB/s %s\n' "decode batch $(field "$line" batch)" \
+        label="decode batch $(field "$line" batch)"
+        [ "$(field "$line" graphs)" = false ] && label="$label, no graphs"
+        printf '  %-26s %10.1f tok/s %7.1f GB/s %s\n' "$label" \
           "$(field "$line" tok_s)" "$gb" "$pct" ;;
       prefill)
-        printf '  %-22s %10.1f tok/s\n' "prefill $(field "$line" tokens)" "$(field "$line" tok_s)" ;;
+        printf '  %-26s %10.1f tok/s\n' "prefill $(field "$line" tokens)" "$(field "$line" tok_s)" ;;
     esac
   done < "$WORK/bench.jsonl"
+  # The issue's goals (set for an H200): reported, not failed, since the card varies.
+  b1_gb=""; b1_tok=""; b32_tok=""; pf2048=""
+  while IFS= read -r line; do
+    case "$(field "$line" kind):$(field "$line" batch):$(field "$line" graphs):$(field "$line" tokens)" in
+      decode:1:true:*) b1_gb=$(field "$line" gb_s); b1_tok=$(field "$line" tok_s) ;;
+      decode:32:true:*) b32_tok=$(field "$line" tok_s) ;;
+      prefill:*:*:2048) pf2048=$(field "$line" tok_s) ;;
+    esac
+  done < "$WORK/bench.jsonl"
+  goal() { # label value target unit
+    awk -v l="$1" -v v="$2" -v t="$3" -v u="$4" 'BEGIN {
+      if (v == "") { printf "  %-30s %s\n", l, "not measured"; exit }
+      printf "  %-30s %8.1f%s (goal >= %s%s) %s\n", l, v, u, t, u, (v + 0 >= t + 0 ? "met" : "NOT met") }'
+  }
+  echo
+  echo "goals"
+  goal "decode batch 1, % of copy" \
+    "$(awk -v g="$b1_gb" -v c="${copy:-0}" 'BEGIN { if (g != "" && c > 0) printf "%.1f", 100 * g / c }')" 60 "%"
+  goal "decode batch 32 / batch 1" \
+    "$(awk -v a="$b32_tok" -v b="$b1_tok" 'BEGIN { if (a != "" && b > 0) printf "%.2f", a / b }')" 10 "x"
+  goal "prefill 2048 tokens" "$pf2048" 10000 " tok/s"
 fi
 
 echo

@@ -121,7 +121,7 @@ pub fn run(
     if let Some(&p) = prefills.iter().find(|&&p| p > ctx) {
         anyhow::bail!("--prefill {p} is past the model's context of {ctx}");
     }
-    let kv_tokens = (max_batch * (prompt + steps + 16)).max(max_prefill + 16);
+    let kv_tokens = (max_batch * (prompt + steps + 32)).max(max_prefill + 16);
     let mut dev = CudaGpu::new(gpu_info.ordinal, arch)?;
     let (_, total) = dev.memory().unwrap_or((0, gpu_info.memory_bytes));
     emit(
@@ -143,58 +143,18 @@ pub fn run(
     let vocab = model.config.vocab_size;
     for &batch in batches {
         let batch = batch.max(1);
-        let mut tables: Vec<BlockTable> = vec![BlockTable::default(); batch];
-        let mut seqs: Vec<Vec<u32>> = (0..batch).map(|s| tokens(prompt, vocab, s + 3)).collect();
-        for t in tables.iter_mut() {
-            b.reserve(t, prompt + steps + 1)?;
+        // Batch 1 is where launch overhead shows most: measured without graphs too.
+        let modes: &[bool] = if batch == 1 { &[true, false] } else { &[true] };
+        for &graphs in modes {
+            b.set_graphs(graphs);
+            let (tok_s, gb_s) = decode(&mut b, batch, prompt, steps)?;
+            emit(
+                json!({"kind": "decode", "batch": batch, "graphs": graphs, "tok_s": tok_s, "gb_s": gb_s}),
+                json_out,
+            );
         }
-        let inputs: Vec<SeqInput<'_>> = tables
-            .iter()
-            .zip(&seqs)
-            .map(|(t, s)| SeqInput {
-                table: t,
-                tokens: s,
-                start_pos: 0,
-                want_logits: true,
-            })
-            .collect();
-        b.forward(&inputs)?;
-        drop(inputs);
-        let mut elapsed = Duration::ZERO;
-        let mut kv_read = 0u64;
-        for step in 0..steps {
-            for (i, s) in seqs.iter_mut().enumerate() {
-                s.push(crate::backend::parity::greedy(b.logits_mut(i)));
-            }
-            let pos = prompt + step;
-            let inputs: Vec<SeqInput<'_>> = tables
-                .iter()
-                .zip(&seqs)
-                .map(|(t, s)| SeqInput {
-                    table: t,
-                    tokens: &s[pos..pos + 1],
-                    start_pos: pos,
-                    want_logits: true,
-                })
-                .collect();
-            elapsed += b.forward(&inputs)?;
-            kv_read += (batch * (pos + 1) * b.kv_bytes_per_token()) as u64;
-        }
-        for t in tables.iter_mut() {
-            b.release(t);
-        }
-        let secs = elapsed.as_secs_f64().max(1e-9);
-        let bytes = b.weight_bytes_per_step() * steps as u64 + kv_read;
-        emit(
-            json!({
-                "kind": "decode",
-                "batch": batch,
-                "tok_s": (batch * steps) as f64 / secs,
-                "gb_s": bytes as f64 / secs / 1e9,
-            }),
-            json_out,
-        );
     }
+    b.set_graphs(true);
     for &n in prefills {
         let n = n.max(1);
         let toks = tokens(n, vocab, 1);
@@ -217,6 +177,64 @@ pub fn run(
         );
     }
     Ok(())
+}
+
+/// Greedy decode of `batch` sequences for `steps` steps after a `prompt`-token prefill:
+/// (tokens/s, GB/s of weights and KV read), from the device's step times. The first
+/// decode step is a warm-up (it captures the graph of its shape) and is not counted.
+fn decode<G: Gpu>(
+    b: &mut CudaBackend<G>,
+    batch: usize,
+    prompt: usize,
+    steps: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let vocab = b.vocab_size();
+    let mut tables: Vec<BlockTable> = vec![BlockTable::default(); batch];
+    let mut seqs: Vec<Vec<u32>> = (0..batch).map(|s| tokens(prompt, vocab, s + 3)).collect();
+    for t in tables.iter_mut() {
+        b.reserve(t, prompt + steps + 2)?;
+    }
+    let inputs: Vec<SeqInput<'_>> = tables
+        .iter()
+        .zip(&seqs)
+        .map(|(t, s)| SeqInput {
+            table: t,
+            tokens: s,
+            start_pos: 0,
+            want_logits: true,
+        })
+        .collect();
+    b.forward(&inputs)?;
+    drop(inputs);
+    let mut elapsed = Duration::ZERO;
+    let mut kv_read = 0u64;
+    for step in 0..=steps {
+        for (i, s) in seqs.iter_mut().enumerate() {
+            s.push(crate::backend::parity::greedy(b.logits_mut(i)));
+        }
+        let pos = prompt + step;
+        let inputs: Vec<SeqInput<'_>> = tables
+            .iter()
+            .zip(&seqs)
+            .map(|(t, s)| SeqInput {
+                table: t,
+                tokens: &s[pos..pos + 1],
+                start_pos: pos,
+                want_logits: true,
+            })
+            .collect();
+        let took = b.forward(&inputs)?;
+        if step > 0 {
+            elapsed += took;
+            kv_read += (batch * (pos + 1) * b.kv_bytes_per_token()) as u64;
+        }
+    }
+    for t in tables.iter_mut() {
+        b.release(t);
+    }
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let bytes = b.weight_bytes_per_step() * steps as u64 + kv_read;
+    Ok(((batch * steps) as f64 / secs, bytes as f64 / secs / 1e9))
 }
 
 /// Device-to-device copy bandwidth, (read + write) bytes / time, best of a few.

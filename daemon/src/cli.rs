@@ -58,6 +58,15 @@ pub struct ServeArgs {
     /// CPU threads for the forward pass [default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Replay decode steps as captured CUDA graphs [default: on]; `off` launches every
+    /// kernel of every step (for comparison, or to rule graphs out).
+    #[arg(
+        long,
+        value_name = "on|off",
+        hide_possible_values = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub cuda_graphs: Option<bool>,
     /// KV cache size in tokens, shared by all running sequences [default: 16384].
     #[arg(long)]
     pub kv_tokens: Option<usize>,
@@ -120,6 +129,7 @@ impl ServeArgs {
             socket: self.socket.or(file.socket),
             device: self.device.or(file.device),
             threads: self.threads.or(file.threads),
+            cuda_graphs: self.cuda_graphs.or(file.cuda_graphs),
             kv_tokens: self.kv_tokens.or(file.kv_tokens),
             ctx: self.ctx.or(file.ctx),
             max_running: self.max_running.or(file.max_running),
@@ -322,5 +332,44 @@ mod tests {
         assert_eq!(shipped.model.as_deref(), Some("smollm2-135m-instruct"));
         assert_eq!(shipped.stall_timeout, Some(30.0));
         assert!(toml::from_str::<ServeArgs>("modle = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn cuda_graphs_takes_on_and_off_and_the_flag_wins_over_the_file() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["sparkd", "serve"];
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Some(Cmd::Serve(a))) => Ok(a.cuda_graphs),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(parse(&[]), Ok(None));
+        assert_eq!(parse(&["--cuda-graphs", "off"]), Ok(Some(false)));
+        assert_eq!(parse(&["--cuda-graphs", "on"]), Ok(Some(true)));
+        assert!(parse(&["--cuda-graphs", "sometimes"]).is_err());
+
+        let dir = std::env::temp_dir().join(format!("sparkd-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sparkd.toml");
+        std::fs::write(&file, "cuda_graphs = false\n").unwrap();
+        let from_file = ServeArgs {
+            config: Some(file.clone()),
+            ..Default::default()
+        };
+        assert_eq!(
+            from_file.clone().with_config_file().unwrap().cuda_graphs,
+            Some(false)
+        );
+        let flag_wins = ServeArgs {
+            cuda_graphs: Some(true),
+            ..from_file
+        };
+        assert_eq!(
+            flag_wins.with_config_file().unwrap().cuda_graphs,
+            Some(true)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -152,7 +152,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("reading chat template {}", p.display()))?,
         );
     }
-    let engine = start_engine(model, &path, cfg, request, &choice)?;
+    let cuda = backend::cuda::CudaOptions {
+        kv_tokens: cfg.kv_tokens,
+        graphs: args.cuda_graphs.unwrap_or(true),
+        ..Default::default()
+    };
+    let engine = start_engine(model, &path, cfg, cuda, request, &choice)?;
     tracing::info!(model = %name, path = %path.display(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
 
     let access = server::Access::for_this_process(&server_cfg);
@@ -184,6 +189,7 @@ fn start_engine(
     model: Model,
     path: &Path,
     cfg: EngineConfig,
+    cuda_opts: backend::cuda::CudaOptions,
     request: DeviceRequest,
     choice: &DeviceChoice,
 ) -> anyhow::Result<Arc<EngineHandle>> {
@@ -191,16 +197,8 @@ fn start_engine(
         return Ok(EngineHandle::start(model, cfg)?);
     };
     let model = Arc::new(model);
-    let cuda = backend::cuda::CudaGpu::new(gpu.ordinal, *arch).and_then(|dev| {
-        backend::CudaBackend::new(
-            &model,
-            dev,
-            backend::cuda::CudaOptions {
-                kv_tokens: cfg.kv_tokens,
-                ..Default::default()
-            },
-        )
-    });
+    let cuda = backend::cuda::CudaGpu::new(gpu.ordinal, *arch)
+        .and_then(|dev| backend::CudaBackend::new(&model, dev, cuda_opts));
     match cuda {
         Ok(b) => Ok(EngineHandle::start_with_backend(model, Box::new(b), cfg)?),
         Err(e) if request == DeviceRequest::Auto => {

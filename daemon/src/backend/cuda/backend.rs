@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::gpu::{read_f32s, u32_bytes, Buf, Gpu, GpuError};
+use super::graphs::Graphs;
 use super::weights::DevWeights;
 use crate::backend::{Backend, BackendError, DeviceReport};
 use crate::model::config::ModelConfig;
@@ -24,6 +25,8 @@ pub struct CudaOptions {
     /// Largest f16 weight scratch the GEMM path may take; matrices above it (the output
     /// head of a large vocabulary, say) stay on the mat-vec.
     pub gemm_scratch_max_bytes: usize,
+    /// Capture decode steps as CUDA graphs, one per padded shape, and replay them.
+    pub graphs: bool,
 }
 
 impl Default for CudaOptions {
@@ -32,6 +35,7 @@ impl Default for CudaOptions {
             kv_tokens: 16 * 1024,
             gemm_min_tokens: 64,
             gemm_scratch_max_bytes: 512 << 20,
+            graphs: true,
         }
     }
 }
@@ -95,6 +99,7 @@ pub struct CudaBackend<G: Gpu> {
     report: Arc<dyn DeviceReport>,
     /// Rows of the last step that ran through the GEMM path (tests check both paths).
     pub(super) gemm_steps: u64,
+    pub(super) graphs: Graphs,
 }
 
 impl<G: Gpu> CudaBackend<G> {
@@ -128,6 +133,7 @@ impl<G: Gpu> CudaBackend<G> {
             download: Vec::new(),
             report,
             gemm_steps: 0,
+            graphs: Graphs::default(),
         })
     }
 
@@ -137,6 +143,10 @@ impl<G: Gpu> CudaBackend<G> {
 
     pub fn gpu_mut(&mut self) -> &mut G {
         &mut self.gpu
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
     }
 
     /// Bytes of weights one decode step reads.
@@ -152,6 +162,19 @@ impl<G: Gpu> CudaBackend<G> {
     /// Steps so far whose matrices went through the dequantize + GEMM path.
     pub fn gemm_steps(&self) -> u64 {
         self.gemm_steps
+    }
+
+    /// Decode graphs captured and replayed so far.
+    pub fn graph_counts(&self) -> (u64, u64) {
+        (self.graphs.captured, self.graphs.replayed)
+    }
+
+    /// Turns decode graphs on or off (benchmarks compare the two).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.opts.graphs = on;
+        if !on {
+            self.graphs.clear(&mut self.gpu);
+        }
     }
 
     /// Greedy picks of the last step's logit rows computed on the device (argmax.cu),

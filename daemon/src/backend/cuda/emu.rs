@@ -8,6 +8,10 @@
 //! buffer (an in-place kernel, a row of a larger buffer), the buffer is passed once and
 //! the other arguments become views of it, so the kernel sees one allocation exactly as
 //! on the device, not independent copies.
+//!
+//! Graphs are recordings of launches with their arguments as given, replayed as they
+//! were recorded: a step that passed a per-step value by argument instead of through
+//! device memory replays stale, and the graph tests see it, as they would on a GPU.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sparkd_kernels::emu::{Arg, Emulator};
 
-use super::gpu::{Buf, DevPtr, Gpu, GpuError, KArg, Launch};
+use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, Launch};
 use crate::backend::DeviceReport;
 
 pub struct EmuGpu {
@@ -25,6 +29,15 @@ pub struct EmuGpu {
     launches: u64,
     /// Per kernel: launches and wall time in the emulator (tests print where time goes).
     profile: HashMap<String, (u64, Duration)>,
+    /// The launches recorded since `capture_begin`, while capturing.
+    capturing: Option<Vec<Recorded>>,
+    graphs: Vec<Option<Vec<Recorded>>>,
+}
+
+struct Recorded {
+    kernel: String,
+    cfg: Launch,
+    args: Vec<KArg>,
 }
 
 impl EmuGpu {
@@ -36,6 +49,8 @@ impl EmuGpu {
             step_started: None,
             launches: 0,
             profile: HashMap::new(),
+            capturing: None,
+            graphs: Vec::new(),
         })
     }
 
@@ -70,6 +85,17 @@ impl EmuGpu {
         }
         Ok(b)
     }
+
+    /// Copies are stream work that a capture would take into the graph, and the
+    /// forward never means to: refuse them as a broken capture.
+    fn not_capturing(&self, what: &str) -> Result<(), GpuError> {
+        match self.capturing {
+            Some(_) => Err(GpuError::Unsupported(format!(
+                "{what} during a graph capture"
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Gpu for EmuGpu {
@@ -86,6 +112,7 @@ impl Gpu for EmuGpu {
     }
 
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
+        self.not_capturing("a host-to-device copy")?;
         self.buf(dst, src.len())?;
         if let Some(Some(b)) = self.bufs.get_mut(dst.buf.id as usize) {
             b[dst.offset..dst.offset + src.len()].copy_from_slice(src);
@@ -94,6 +121,7 @@ impl Gpu for EmuGpu {
     }
 
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.not_capturing("a device-to-host copy")?;
         let b = self.buf(src, dst.len())?;
         dst.copy_from_slice(&b[src.offset..src.offset + dst.len()]);
         Ok(())
@@ -105,6 +133,14 @@ impl Gpu for EmuGpu {
     }
 
     fn launch(&mut self, kernel: &str, cfg: Launch, args: &[KArg]) -> Result<(), GpuError> {
+        if let Some(rec) = self.capturing.as_mut() {
+            rec.push(Recorded {
+                kernel: kernel.to_string(),
+                cfg,
+                args: args.to_vec(),
+            });
+            return Ok(());
+        }
         self.launches += 1;
         // Take each distinct buffer out of the table once, in argument order.
         for a in args {
@@ -164,6 +200,42 @@ impl Gpu for EmuGpu {
             self.bufs[id as usize] = Some(data);
         }
         result
+    }
+
+    fn capture_begin(&mut self) -> Result<(), GpuError> {
+        self.not_capturing("a nested capture")?;
+        self.capturing = Some(Vec::new());
+        Ok(())
+    }
+
+    fn capture_end(&mut self) -> Result<GraphId, GpuError> {
+        let rec = self
+            .capturing
+            .take()
+            .ok_or_else(|| GpuError::Unsupported("capture_end without capture_begin".into()))?;
+        self.graphs.push(Some(rec));
+        Ok(GraphId(self.graphs.len() as u32 - 1))
+    }
+
+    fn graph_launch(&mut self, graph: GraphId) -> Result<(), GpuError> {
+        self.not_capturing("a graph launch")?;
+        // Taken out for the replay (launch needs `&mut self`) and put back after.
+        let rec = self
+            .graphs
+            .get_mut(graph.0 as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| GpuError::Unsupported(format!("no graph {}", graph.0)))?;
+        let result = rec
+            .iter()
+            .try_for_each(|r| self.launch(&r.kernel, r.cfg, &r.args));
+        self.graphs[graph.0 as usize] = Some(rec);
+        result
+    }
+
+    fn graph_free(&mut self, graph: GraphId) {
+        if let Some(g) = self.graphs.get_mut(graph.0 as usize) {
+            *g = None;
+        }
     }
 
     fn step_begin(&mut self) -> Result<(), GpuError> {

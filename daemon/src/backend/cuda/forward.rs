@@ -10,7 +10,11 @@
 //!
 //! The host uploads one small table per step (token ids, positions, cache slots, block
 //! tables, per-sequence lengths), so each step costs one host-to-device copy and one
-//! device-to-host copy of the logits.
+//! device-to-host copy of the logits. Every launch reads what changes from step to step
+//! from that table, never from its arguments, which is what lets a decode step be
+//! captured once per shape as a CUDA graph and replayed (`graphs.rs`): a decode batch
+//! is padded to its graph's shape with sequences of length 0, whose rows write no KV
+//! (slot -1), attend to nothing and whose logits are not downloaded.
 
 use std::time::Duration;
 
@@ -18,10 +22,114 @@ use sparkd_kernels::consts::ATTN_PARTITION;
 
 use super::backend::{ensure, token_bytes, CudaBackend};
 use super::gpu::{i32_bytes, Buf, DevPtr, Gpu, GpuError};
+use super::graphs::{GraphKey, MAX_GRAPH_SEQS};
 use super::ops::{self, AttnInputs, AttnShape};
 use super::weights::DevMatrix;
 use crate::model::config::RopeStyle;
 use crate::model::{SeqInput, BLOCK_TOKENS};
+
+/// What a step computes, decided from the batch before anything is launched. In a
+/// graph step the counts are padded to the graph's shape.
+#[derive(Debug, Clone)]
+struct StepShape {
+    /// Token rows computed (real ones first).
+    rows: usize,
+    /// Sequences, each with a block-table row and a length.
+    seqs: usize,
+    n_splits: usize,
+    max_blocks: usize,
+    /// Every sequence brings one token: split-K decode attention.
+    decode: bool,
+    use_gemm: bool,
+    /// Most tokens one sequence brings (the prefill attention's grid).
+    max_q: usize,
+    logit_rows: LogitRows,
+    /// Logit rows downloaded for the engine: the real sequences that want them.
+    download_rows: usize,
+    graph: Option<GraphKey>,
+}
+
+/// Which token rows go through the final norm and the output head.
+#[derive(Debug, Clone)]
+enum LogitRows {
+    /// Every row, in order, with one launch (decode where every sequence samples).
+    All,
+    /// The last row of each sequence that wants logits.
+    Picked(Vec<usize>),
+}
+
+impl StepShape {
+    fn plan(batch: &[SeqInput<'_>], opts: &super::CudaOptions, graphs: bool) -> StepShape {
+        let rows: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let decode = batch.iter().all(|s| s.tokens.len() == 1);
+        let max_len = batch
+            .iter()
+            .map(|s| s.start_pos + s.tokens.len())
+            .max()
+            .unwrap_or(1);
+        let max_blocks = batch
+            .iter()
+            .map(|s| s.table.blocks().len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let n_splits = max_len.div_ceil(ATTN_PARTITION).max(1);
+        let download_rows = batch.iter().filter(|s| s.want_logits).count();
+        let use_gemm = |rows: usize| rows >= opts.gemm_min_tokens.max(1);
+        if graphs && decode && download_rows == batch.len() && batch.len() <= MAX_GRAPH_SEQS {
+            let key = GraphKey {
+                seqs: batch.len().next_power_of_two(),
+                n_splits: n_splits.next_power_of_two(),
+                max_blocks: max_blocks.next_power_of_two(),
+            };
+            return StepShape {
+                rows: key.seqs,
+                seqs: key.seqs,
+                n_splits: key.n_splits,
+                max_blocks: key.max_blocks,
+                decode,
+                use_gemm: use_gemm(key.seqs),
+                max_q: 1,
+                logit_rows: LogitRows::All,
+                download_rows,
+                graph: Some(key),
+            };
+        }
+        let logit_rows = if decode && download_rows == batch.len() {
+            LogitRows::All
+        } else {
+            let mut end = 0;
+            LogitRows::Picked(
+                batch
+                    .iter()
+                    .filter_map(|s| {
+                        end += s.tokens.len();
+                        s.want_logits.then_some(end - 1)
+                    })
+                    .collect(),
+            )
+        };
+        StepShape {
+            rows,
+            seqs: batch.len(),
+            n_splits,
+            max_blocks,
+            decode,
+            use_gemm: use_gemm(rows),
+            max_q: batch.iter().map(|s| s.tokens.len()).max().unwrap_or(1),
+            logit_rows,
+            download_rows,
+            graph: None,
+        }
+    }
+
+    fn head_rows(&self) -> usize {
+        match &self.logit_rows {
+            LogitRows::All => self.rows,
+            LogitRows::Picked(rows) => rows.len(),
+        }
+    }
+}
 
 /// Where each per-step table sits in the step's metadata buffer (offsets in i32s).
 struct Meta {
@@ -33,120 +141,142 @@ struct Meta {
     q_start: usize,
     q_len: usize,
     start_pos: usize,
-    max_blocks: usize,
-    words: Vec<i32>,
+    words: usize,
 }
 
 impl Meta {
-    fn build(batch: &[SeqInput<'_>]) -> Meta {
-        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
-        let s = batch.len();
-        let max_blocks = batch
-            .iter()
-            .map(|s| s.table.blocks().len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let tokens = 0;
-        let pos = n;
-        let slots = 2 * n;
+    /// The layout, which depends on the shape alone (a graph's tables stay put).
+    fn layout(shape: &StepShape) -> Meta {
+        let (n, s) = (shape.rows, shape.seqs);
         let tables = 3 * n;
-        let seq_lens = tables + s * max_blocks;
+        let seq_lens = tables + s * shape.max_blocks;
         let q_start = seq_lens + s;
         let q_len = q_start + s;
         let start_pos = q_len + s;
-        let mut words = vec![0i32; start_pos + s];
-        // Token ids are written separately as u32 bytes over the first n words.
-        let mut t = 0;
-        for (i, seq) in batch.iter().enumerate() {
-            for j in 0..seq.tokens.len() {
-                let p = seq.start_pos + j;
-                let (block, slot) = seq.table.locate(p);
-                words[pos + t] = p as i32;
-                words[slots + t] = (block * BLOCK_TOKENS + slot) as i32;
-                t += 1;
-            }
-            for (b, &block) in seq.table.blocks().iter().enumerate() {
-                words[tables + i * max_blocks + b] = block as i32;
-            }
-            words[seq_lens + i] = (seq.start_pos + seq.tokens.len()) as i32;
-            words[q_start + i] = (t - seq.tokens.len()) as i32;
-            words[q_len + i] = seq.tokens.len() as i32;
-            words[start_pos + i] = seq.start_pos as i32;
-        }
         Meta {
-            tokens,
-            pos,
-            slots,
+            tokens: 0,
+            pos: n,
+            slots: 2 * n,
             tables,
             seq_lens,
             q_start,
             q_len,
             start_pos,
-            max_blocks,
-            words,
+            words: start_pos + s,
         }
+    }
+
+    /// The tables' contents for `batch`. Padding rows and sequences keep zeros, except
+    /// that their cache slot is -1 (no KV write). Token ids are uploaded separately as
+    /// u32 bytes over the first words.
+    fn fill(&self, batch: &[SeqInput<'_>], shape: &StepShape) -> Vec<i32> {
+        let mut words = vec![0i32; self.words];
+        words[self.slots..self.slots + shape.rows].fill(-1);
+        let mut t = 0;
+        for (i, seq) in batch.iter().enumerate() {
+            for j in 0..seq.tokens.len() {
+                let p = seq.start_pos + j;
+                let (block, slot) = seq.table.locate(p);
+                words[self.pos + t] = p as i32;
+                words[self.slots + t] = (block * BLOCK_TOKENS + slot) as i32;
+                t += 1;
+            }
+            for (b, &block) in seq.table.blocks().iter().enumerate() {
+                words[self.tables + i * shape.max_blocks + b] = block as i32;
+            }
+            words[self.seq_lens + i] = (seq.start_pos + seq.tokens.len()) as i32;
+            words[self.q_start + i] = (t - seq.tokens.len()) as i32;
+            words[self.q_len + i] = seq.tokens.len() as i32;
+            words[self.start_pos + i] = seq.start_pos as i32;
+        }
+        words
+    }
+}
+
+/// The device buffers one step uses.
+#[derive(Clone, Copy)]
+struct StepBufs {
+    x: Buf,
+    xn: Buf,
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    attn: Buf,
+    gate: Buf,
+    up: Buf,
+    last: Buf,
+    logits: Buf,
+    part_o: Buf,
+    part_ml: Buf,
+    meta: Buf,
+    /// f16 activations and weights of the GEMM path, when the step takes it.
+    gemm: Option<(Buf, Buf)>,
+}
+
+impl StepBufs {
+    fn all(&self) -> Vec<Buf> {
+        let mut v = vec![
+            self.x,
+            self.xn,
+            self.q,
+            self.k,
+            self.v,
+            self.attn,
+            self.gate,
+            self.up,
+            self.last,
+            self.logits,
+            self.part_o,
+            self.part_ml,
+            self.meta,
+        ];
+        if let Some((a16, w16)) = self.gemm {
+            v.extend([a16, w16]);
+        }
+        v
     }
 }
 
 impl<G: Gpu> CudaBackend<G> {
     /// One forward step over a batch `check_batch` has accepted.
     pub(super) fn step(&mut self, batch: &[SeqInput<'_>]) -> Result<Duration, GpuError> {
-        let cfg = self.cfg.clone();
-        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
-        let n_seqs = batch.len();
-        let n_logits = batch.iter().filter(|s| s.want_logits).count();
-        if n == 0 {
+        if batch.iter().all(|s| s.tokens.is_empty()) {
             self.fetch_logits(0)?;
             return Ok(Duration::ZERO);
         }
-        let (d, q_dim, kv_dim, hd, ffn) = (
-            cfg.d_model,
-            cfg.q_dim(),
-            cfg.kv_dim(),
-            cfg.head_dim,
-            cfg.ffn_dim,
-        );
-        let decode = batch.iter().all(|s| s.tokens.len() == 1);
-        let max_len = batch
-            .iter()
-            .map(|s| s.start_pos + s.tokens.len())
-            .max()
-            .unwrap_or(1);
-        let n_splits = max_len.div_ceil(ATTN_PARTITION).max(1);
-        let use_gemm = n >= self.opts.gemm_min_tokens.max(1);
+        let graphs = self.opts.graphs && !self.graphs.broken;
+        let shape = StepShape::plan(batch, &self.opts, graphs);
+        let meta = Meta::layout(&shape);
+        let bufs = self.step_buffers(&shape, &meta)?;
 
+        self.gpu.step_begin()?;
+        self.gpu
+            .upload(bufs.meta.ptr(), &i32_bytes(&meta.fill(batch, &shape)))?;
+        self.gpu
+            .upload(bufs.meta.at(meta.tokens * 4), &token_bytes(batch))?;
+        match shape.graph {
+            Some(key) => self.run_graph(key, &shape, &meta, &bufs)?,
+            None => self.encode(&shape, &meta, &bufs)?,
+        }
+        let elapsed = self.gpu.step_end()?;
+        if shape.use_gemm {
+            self.gemm_steps += 1;
+        }
+        self.fetch_logits(shape.download_rows)?;
+        Ok(elapsed)
+    }
+
+    /// The step's scratch, grown where this shape needs more.
+    fn step_buffers(&mut self, shape: &StepShape, meta: &Meta) -> Result<StepBufs, GpuError> {
+        let cfg = &self.cfg;
+        let (n, d, ffn, hd) = (shape.rows, cfg.d_model, cfg.ffn_dim, cfg.head_dim);
+        let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+        let heads_splits = shape.seqs * cfg.n_heads * shape.n_splits;
+        let head_rows = shape.head_rows().max(1);
         let g = &mut self.gpu;
         let sc = &mut self.scratch;
         let f = 4; // bytes per f32
-        let x = ensure(g, &mut sc.x, n * d * f, "activations")?;
-        let xn = ensure(g, &mut sc.xn, n * d * f, "normed activations")?;
-        let q = ensure(g, &mut sc.q, n * q_dim * f, "queries")?;
-        let k = ensure(g, &mut sc.k, n * kv_dim * f, "keys")?;
-        let v = ensure(g, &mut sc.v, n * kv_dim * f, "values")?;
-        let attn = ensure(g, &mut sc.attn, n * q_dim * f, "attention output")?;
-        let gate = ensure(g, &mut sc.gate, n * ffn * f, "ffn gate")?;
-        let up = ensure(g, &mut sc.up, n * ffn * f, "ffn up")?;
-        let last = ensure(g, &mut sc.last, n_logits.max(1) * d * f, "final norm rows")?;
-        let logits = ensure(
-            g,
-            &mut sc.logits,
-            n_logits.max(1) * cfg.vocab_size * f,
-            "logits",
-        )?;
-        let part_o = ensure(
-            g,
-            &mut sc.part_o,
-            n_seqs * cfg.n_heads * n_splits * hd * f,
-            "attention splits",
-        )?;
-        let part_ml = ensure(
-            g,
-            &mut sc.part_ml,
-            n_seqs * cfg.n_heads * n_splits * 2 * f,
-            "attention split maxima",
-        )?;
-        let gemm_bufs = if use_gemm {
+        let gemm = if shape.use_gemm {
             let max_cols = d.max(q_dim).max(ffn);
             let max_elems = self
                 .w
@@ -163,14 +293,77 @@ impl<G: Gpu> CudaBackend<G> {
         } else {
             None
         };
+        Ok(StepBufs {
+            x: ensure(g, &mut sc.x, n * d * f, "activations")?,
+            xn: ensure(g, &mut sc.xn, n * d * f, "normed activations")?,
+            q: ensure(g, &mut sc.q, n * q_dim * f, "queries")?,
+            k: ensure(g, &mut sc.k, n * kv_dim * f, "keys")?,
+            v: ensure(g, &mut sc.v, n * kv_dim * f, "values")?,
+            attn: ensure(g, &mut sc.attn, n * q_dim * f, "attention output")?,
+            gate: ensure(g, &mut sc.gate, n * ffn * f, "ffn gate")?,
+            up: ensure(g, &mut sc.up, n * ffn * f, "ffn up")?,
+            last: ensure(g, &mut sc.last, head_rows * d * f, "final norm rows")?,
+            logits: ensure(g, &mut sc.logits, head_rows * cfg.vocab_size * f, "logits")?,
+            part_o: ensure(g, &mut sc.part_o, heads_splits * hd * f, "attention splits")?,
+            part_ml: ensure(
+                g,
+                &mut sc.part_ml,
+                heads_splits * 2 * f,
+                "attention split maxima",
+            )?,
+            meta: ensure(g, &mut sc.meta, meta.words * 4, "step tables")?,
+            gemm,
+        })
+    }
 
-        let meta = Meta::build(batch);
-        let meta_buf = ensure(g, &mut sc.meta, meta.words.len() * 4, "step tables")?;
-        let at = |off: usize| meta_buf.at(off * 4);
+    /// Replays the graph of `key`, capturing it first if this shape is new. A capture
+    /// the driver refuses turns graphs off for good, with a warning, and the step runs
+    /// launch by launch; a launch that fails while recording is the step's error.
+    fn run_graph(
+        &mut self,
+        key: GraphKey,
+        shape: &StepShape,
+        meta: &Meta,
+        bufs: &StepBufs,
+    ) -> Result<(), GpuError> {
+        let graph = match self.graphs.get(&mut self.gpu, key, &bufs.all()) {
+            Some(g) => g,
+            None => {
+                self.gpu.capture_begin()?;
+                let recorded = self.encode(shape, meta, bufs);
+                match (recorded, self.gpu.capture_end()) {
+                    (Ok(()), Ok(g)) => {
+                        self.graphs.insert(&mut self.gpu, key, g);
+                        tracing::debug!(?key, graphs = self.graphs.len(), "decode step captured");
+                        g
+                    }
+                    (Err(e), captured) => {
+                        if let Ok(g) = captured {
+                            self.gpu.graph_free(g);
+                        }
+                        return Err(e);
+                    }
+                    (Ok(()), Err(e)) => {
+                        tracing::warn!(error = %e, "CUDA graph capture failed; decode steps run launch by launch from now on");
+                        self.graphs.broken = true;
+                        self.graphs.clear(&mut self.gpu);
+                        return self.encode(shape, meta, bufs);
+                    }
+                }
+            }
+        };
+        self.graphs.replayed += 1;
+        self.gpu.graph_launch(graph)
+    }
 
-        g.step_begin()?;
-        g.upload(meta_buf.ptr(), &i32_bytes(&meta.words))?;
-        g.upload(at(meta.tokens), &token_bytes(batch))?;
+    /// Queues every launch of the step; all per-step values come from the tables.
+    fn encode(&mut self, shape: &StepShape, meta: &Meta, b: &StepBufs) -> Result<(), GpuError> {
+        let cfg = &self.cfg;
+        let (n, d, ffn) = (shape.rows, cfg.d_model, cfg.ffn_dim);
+        let (kv_dim, hd) = (cfg.kv_dim(), cfg.head_dim);
+        let f = 4; // bytes per f32
+        let g = &mut self.gpu;
+        let at = |off: usize| b.meta.at(off * 4);
 
         // y = x W^T (+ bias) (+ y): the GEMM when the step is large and the matrix's f16
         // copy fits the scratch, else the mat-vec.
@@ -182,7 +375,7 @@ impl<G: Gpu> CudaBackend<G> {
                       bias: Option<Buf>,
                       acc: bool|
          -> Result<(), GpuError> {
-            match gemm_bufs {
+            match b.gemm {
                 Some((a16, w16)) if w.rows * w.cols * 2 <= w16.bytes => {
                     ops::gemm(g, w, x, y, rows, bias, acc, a16, w16)
                 }
@@ -190,15 +383,17 @@ impl<G: Gpu> CudaBackend<G> {
             }
         };
 
+        let (x, xn, q, k, v) = (b.x, b.xn, b.q, b.k, b.v);
+        let (attn, gate, up) = (b.attn, b.gate, b.up);
         ops::embed(g, &self.w.tok_embd, at(meta.tokens), x.ptr(), n)?;
         let neox = cfg.arch.rope_style() == RopeStyle::Neox;
         let layer_kv_bytes = self.pool.total_blocks() * BLOCK_TOKENS * kv_dim * f;
-        let shape = AttnShape {
+        let attn_shape = AttnShape {
             n_heads: cfg.n_heads,
             n_kv_heads: cfg.n_kv_heads,
             head_dim: hd,
-            n_seqs,
-            max_blocks: meta.max_blocks,
+            n_seqs: shape.seqs,
+            max_blocks: shape.max_blocks,
         };
         for (li, l) in self.w.layers.iter().enumerate() {
             ops::rmsnorm(g, x.ptr(), l.attn_norm, xn.ptr(), n, d, cfg.rms_eps)?;
@@ -242,18 +437,25 @@ impl<G: Gpu> CudaBackend<G> {
                 block_tables: at(meta.tables),
                 out: attn.ptr(),
             };
-            if decode {
-                ops::attn_decode(g, shape, io, at(meta.seq_lens), n_splits, part_o, part_ml)?;
+            if shape.decode {
+                ops::attn_decode(
+                    g,
+                    attn_shape,
+                    io,
+                    at(meta.seq_lens),
+                    shape.n_splits,
+                    b.part_o,
+                    b.part_ml,
+                )?;
             } else {
-                let max_q = batch.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
                 ops::attn_prefill(
                     g,
-                    shape,
+                    attn_shape,
                     io,
                     at(meta.q_start),
                     at(meta.q_len),
                     at(meta.start_pos),
-                    max_q,
+                    shape.max_q,
                 )?;
             }
             // The residual add is fused: x += attn Wo^T.
@@ -265,43 +467,32 @@ impl<G: Gpu> CudaBackend<G> {
             matmul(g, &l.w_down, gate.ptr(), x.ptr(), n, None, true)?;
         }
 
-        // Only the last new token of each sequence that wants logits goes through the
-        // final norm and the output head, as on the CPU.
-        let mut row = 0;
-        let mut t_end = 0;
-        for s in batch {
-            t_end += s.tokens.len();
-            if s.want_logits {
-                ops::rmsnorm(
-                    g,
-                    x.at((t_end - 1) * d * f),
-                    self.w.output_norm,
-                    last.at(row * d * f),
-                    1,
-                    d,
-                    cfg.rms_eps,
-                )?;
-                row += 1;
+        // Only the rows that want logits go through the final norm and the output head,
+        // as on the CPU.
+        match &shape.logit_rows {
+            LogitRows::All => ops::rmsnorm(
+                g,
+                x.ptr(),
+                self.w.output_norm,
+                b.last.ptr(),
+                n,
+                d,
+                cfg.rms_eps,
+            )?,
+            LogitRows::Picked(rows) => {
+                for (i, &r) in rows.iter().enumerate() {
+                    let (src, dst) = (x.at(r * d * f), b.last.at(i * d * f));
+                    ops::rmsnorm(g, src, self.w.output_norm, dst, 1, d, cfg.rms_eps)?;
+                }
             }
         }
-        if n_logits > 0 {
+        let head_rows = shape.head_rows();
+        if head_rows > 0 {
             // The head stays on the mat-vec: few rows, and its f16 copy would be the
             // largest scratch of all.
-            ops::matvec(
-                g,
-                &self.w.output,
-                last.ptr(),
-                logits.ptr(),
-                n_logits,
-                None,
-                false,
-            )?;
+            let (last, logits) = (b.last.ptr(), b.logits.ptr());
+            ops::matvec(g, &self.w.output, last, logits, head_rows, None, false)?;
         }
-        let elapsed = g.step_end()?;
-        if use_gemm {
-            self.gemm_steps += 1;
-        }
-        self.fetch_logits(n_logits)?;
-        Ok(elapsed)
+        Ok(())
     }
 }

@@ -45,6 +45,11 @@ impl DevPtr {
     }
 }
 
+/// A recorded sequence of launches that replays with the same arguments (a CUDA
+/// graph on the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphId(pub u32);
+
 /// One kernel parameter, in the kernel's parameter order.
 #[derive(Debug, Clone, Copy)]
 pub enum KArg {
@@ -116,6 +121,16 @@ pub trait Gpu: Send {
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError>;
     /// Queues `kernel` with `args` in parameter order.
     fn launch(&mut self, kernel: &str, cfg: Launch, args: &[KArg]) -> Result<(), GpuError>;
+    /// From here to [`Gpu::capture_end`], launches are recorded, not run (CUDA stream
+    /// capture). Nothing else may be queued meanwhile: copies are refused.
+    fn capture_begin(&mut self) -> Result<(), GpuError>;
+    /// Ends the recording. Called after every `capture_begin`, even when a launch in
+    /// between failed, so the device always leaves capture mode.
+    fn capture_end(&mut self) -> Result<GraphId, GpuError>;
+    /// Queues the recorded launches, with the arguments they were recorded with: what
+    /// changes from step to step must be read from device memory, not passed by value.
+    fn graph_launch(&mut self, graph: GraphId) -> Result<(), GpuError>;
+    fn graph_free(&mut self, graph: GraphId);
     /// Marks the start of a step (a CUDA event on the real device).
     fn step_begin(&mut self) -> Result<(), GpuError>;
     /// Ends the step: waits for it and returns its duration on the device.

@@ -11,6 +11,7 @@ mod driver;
 pub mod emu;
 mod forward;
 pub mod gpu;
+mod graphs;
 mod ops;
 pub mod real;
 mod weights;

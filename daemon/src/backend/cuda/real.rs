@@ -4,8 +4,10 @@
 //! architecture (`sparkd_kernels::compile`, cached PTX) and loaded at start, and a pair
 //! of CUDA events around each step for its duration on the device.
 //!
-//! Decode steps are launched kernel by kernel; capturing them as CUDA graphs per
-//! batch-size bucket is not done yet.
+//! Graphs: the forward captures decode steps on the stream (thread-local capture mode,
+//! so a stray synchronising call on this thread breaks the capture with an error
+//! instead of corrupting it) and replays the instantiated graph; what the forward
+//! decides to capture is in `forward.rs`.
 //!
 //! Every `unsafe` block here is a driver call; the invariants they share: the context
 //! is bound to the calling thread first (the backend is built on one thread and runs
@@ -21,7 +23,7 @@ use cudarc::driver::result::{self, stream::StreamKind, DriverError};
 use cudarc::driver::{sys, CudaContext};
 use sparkd_kernels::Arch;
 
-use super::gpu::{Buf, DevPtr, Gpu, GpuError, KArg, Launch};
+use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, Launch};
 use crate::backend::DeviceReport;
 
 fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuError {
@@ -46,6 +48,8 @@ pub struct CudaGpu {
     arch: Arch,
     /// Parameter storage reused across launches.
     params: Vec<u64>,
+    /// Captured graphs and their executable instances, by `GraphId`.
+    graphs: Vec<Option<(sys::CUgraph, sys::CUgraphExec)>>,
 }
 
 // SAFETY: the raw driver handles (stream, modules, functions, events) belong to this
@@ -84,6 +88,7 @@ impl CudaGpu {
             name,
             arch,
             params: Vec::new(),
+            graphs: Vec::new(),
         };
         for module in &ptx.modules {
             let image = CString::new(module.text()).map_err(|_| {
@@ -248,6 +253,74 @@ impl Gpu for CudaGpu {
         })
     }
 
+    fn capture_begin(&mut self) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: the stream was created in `new` and lives until Drop.
+        unsafe {
+            result::stream::begin_capture(
+                self.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(driver("cuStreamBeginCapture"))
+    }
+
+    fn capture_end(&mut self) -> Result<GraphId, GpuError> {
+        self.bind()?;
+        // SAFETY: the stream is ours; ending a capture that an error invalidated still
+        // returns the stream to normal mode (and the error, which is passed on). The
+        // graph is destroyed here if it cannot be instantiated, else in `graph_free`
+        // or Drop.
+        unsafe {
+            let graph =
+                result::stream::end_capture(self.stream).map_err(driver("cuStreamEndCapture"))?;
+            if graph.is_null() {
+                return Err(GpuError::Unsupported(
+                    "the stream capture recorded no graph".into(),
+                ));
+            }
+            match result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) {
+                Ok(exec) => {
+                    self.graphs.push(Some((graph, exec)));
+                    Ok(GraphId(self.graphs.len() as u32 - 1))
+                }
+                Err(e) => {
+                    let _ = result::graph::destroy(graph);
+                    Err(driver("cuGraphInstantiate")(e))
+                }
+            }
+        }
+    }
+
+    fn graph_launch(&mut self, graph: GraphId) -> Result<(), GpuError> {
+        self.bind()?;
+        let (_, exec) = self
+            .graphs
+            .get(graph.0 as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| GpuError::Unsupported(format!("no graph {}", graph.0)))?;
+        // SAFETY: `exec` was instantiated in `capture_end` and not yet destroyed; the
+        // buffers its kernels address are alive: the forward drops its graphs before
+        // it frees or reallocates any buffer they use.
+        unsafe { result::graph::launch(exec, self.stream) }.map_err(driver("cuGraphLaunch"))
+    }
+
+    fn graph_free(&mut self, graph: GraphId) {
+        let Some((g, exec)) = self.graphs.get_mut(graph.0 as usize).and_then(Option::take) else {
+            return;
+        };
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: context bound; the stream is drained first so no queued launch of
+            // the graph is running; each handle is destroyed once (the slot was taken).
+            unsafe {
+                let _ = result::stream::synchronize(self.stream);
+                let _ = result::graph::exec_destroy(exec);
+                let _ = result::graph::destroy(g);
+            }
+        }
+    }
+
     fn step_begin(&mut self) -> Result<(), GpuError> {
         self.bind()?;
         // SAFETY: both handles were created in `new` and live until Drop.
@@ -294,6 +367,10 @@ impl Drop for CudaGpu {
         // released exactly once here, after the stream has drained.
         unsafe {
             let _ = result::stream::synchronize(self.stream);
+            for (g, exec) in self.graphs.drain(..).flatten() {
+                let _ = result::graph::exec_destroy(exec);
+                let _ = result::graph::destroy(g);
+            }
             for (ptr, _) in self.bufs.drain(..).flatten() {
                 let _ = result::free_sync(ptr);
             }

@@ -81,6 +81,7 @@ fn plan(vocab: usize, steps: usize) -> ParityPlan {
 /// Runs `plan` on the CPU and on the emulated CUDA forward; asserts the bar.
 fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) {
     let Some(emu) = emulator() else { return };
+    let graphs = opts.graphs;
     let (m, dev_model) = model(spec);
     let mut cpu = CpuBackend::new(m.clone(), 1024, 1);
     let mut gpu = CudaBackend::new(&dev_model, emu, opts).expect("upload to the emulated device");
@@ -111,6 +112,14 @@ fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) {
         "{name}: {report:?}"
     );
     assert!(report.prefill_rows > 0);
+    // Every plan ends in batched decode, which replays captured graphs.
+    let (captured, replayed) = gpu.graph_counts();
+    if graphs {
+        assert!(
+            captured >= 1 && replayed >= 1,
+            "{name}: graphs {captured}/{replayed}"
+        );
+    }
     // The device argmax of the last step agrees with the host's pick of the same rows.
     let on_device = gpu.device_argmax().expect("device argmax");
     assert_eq!(on_device.len(), plan.prompts.len());
@@ -195,4 +204,72 @@ fn emulated_cuda_forward_matches_the_cpu_qwen2_with_biases() {
 fn emulated_cuda_forward_matches_the_cpu_qwen3_with_qk_norm() {
     let s = one_layer(spec(Arch::Qwen3, GgmlType::Q4_1));
     check("qwen3 Q4_1", &s, &plan(s.vocab_size, 4), opts(8));
+}
+
+/// Graph replay against launch by launch: the same device, the same kernels, so the
+/// logits must agree exactly; only how the launches reach the device differs. Three
+/// sequences pad to a graph of four; steps of one shape replay one capture. A second
+/// run with a longer prompt grows the step scratch, which must drop the graphs
+/// recorded against the old buffers (the emulator refuses a replay into a freed
+/// buffer, as a GPU would fault or read garbage) and capture again.
+#[test]
+fn emulated_cuda_graphs_replay_decode_exactly_as_launch_by_launch() {
+    let (Some(emu_a), Some(emu_b)) = (emulator(), emulator()) else {
+        return;
+    };
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q4_0));
+    let (_, dev_model) = model(&s);
+    let mut eager = CudaBackend::new(
+        &dev_model,
+        emu_a,
+        CudaOptions {
+            graphs: false,
+            ..opts(8)
+        },
+    )
+    .expect("upload");
+    let mut graphed = CudaBackend::new(&dev_model, emu_b, opts(8)).expect("upload");
+    graphed.pool.shuffle_free_list(3);
+
+    let first = plan(s.vocab_size, 7);
+    let report = compare(&mut eager, &mut graphed, &first, |_, _, _, _, _| {}).expect("run");
+    assert_eq!(report.max_rel_err, 0.0, "{report:?}");
+    assert_eq!(report.greedy_matched, report.steps);
+    assert_eq!(eager.graph_counts(), (0, 0), "graphs off means none");
+    let (captured, replayed) = graphed.graph_counts();
+    // Steps 4 to 7 decode all three sequences at lengths 41..44: one shape.
+    assert_eq!((captured, replayed), (1, 4));
+
+    let second = ParityPlan {
+        prompts: vec![prompt(90, 6, s.vocab_size), prompt(2, 7, s.vocab_size)],
+        chunk: 90,
+        steps: 4,
+    };
+    let report = compare(&mut eager, &mut graphed, &second, |_, _, _, _, _| {}).expect("run");
+    assert_eq!(report.max_rel_err, 0.0, "{report:?}");
+    let (captured2, replayed2) = graphed.graph_counts();
+    assert!(captured2 > captured, "grown scratch means a new capture");
+    assert_eq!(replayed2 - replayed, 3, "every decode step replays a graph");
+    assert_eq!(graphed.kv_used_blocks(), 0);
+}
+
+/// Contexts past one attention partition (256 positions) split the decode attention
+/// and merge the splits (attn_decode_reduce); against the CPU. Through a graph, so the
+/// three splits of 520..523 positions are padded to four, the last one empty. (Launch
+/// by launch runs the same kernels with three; the long prefill is the costliest thing
+/// to emulate, so it runs once.)
+#[test]
+fn emulated_cuda_split_k_decode_matches_the_cpu_past_one_partition() {
+    let mut s = one_layer(spec(Arch::Llama, GgmlType::Q8_0));
+    s.context_length = 1024;
+    let long = ParityPlan {
+        prompts: vec![prompt(520, 8, s.vocab_size), prompt(3, 9, s.vocab_size)],
+        chunk: 260,
+        steps: 5,
+    };
+    const _: () = assert!(
+        520 > 2 * sparkd_kernels::consts::ATTN_PARTITION,
+        "three splits"
+    );
+    check("split-K", &s, &long, opts(8));
 }
