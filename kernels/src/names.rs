@@ -111,6 +111,14 @@ pub enum KvType {
 }
 
 impl KvType {
+    /// Bytes per cached element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+
     fn suffix(self) -> &'static str {
         match self {
             KvType::F32 => "f32",

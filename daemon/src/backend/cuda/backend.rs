@@ -1,11 +1,15 @@
 //! [`CudaBackend`]: the model on a [`Gpu`] (the real device, or the emulator in tests)
 //! behind the engine's [`Backend`] interface. It owns the device weights, the paged KV
 //! cache on the device (the CPU cache's layout and block design: one shared
-//! [`BlockPool`], per-sequence [`BlockTable`]s, `[layer][block][slot][kv_dim]` f32), the
-//! step's device scratch and the host copy of the logits the engine samples from.
+//! [`BlockPool`], per-sequence [`BlockTable`]s, `[layer][block][slot][kv_dim]`; in f16 by
+//! default where the CPU keeps f32: half the memory and half the bytes attention reads,
+//! for an error well inside the parity bar), the step's device scratch and the host
+//! copy of the logits the engine samples from.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use sparkd_kernels::names::KvType;
 
 use super::gpu::{read_f32s, u32_bytes, Buf, Gpu, GpuError};
 use super::graphs::Graphs;
@@ -27,6 +31,8 @@ pub struct CudaOptions {
     pub gemm_scratch_max_bytes: usize,
     /// Capture decode steps as CUDA graphs, one per padded shape, and replay them.
     pub graphs: bool,
+    /// Element type of the device KV cache.
+    pub kv_type: KvType,
 }
 
 impl Default for CudaOptions {
@@ -36,6 +42,7 @@ impl Default for CudaOptions {
             gemm_min_tokens: 64,
             gemm_scratch_max_bytes: 512 << 20,
             graphs: true,
+            kv_type: KvType::F16,
         }
     }
 }
@@ -108,7 +115,8 @@ impl<G: Gpu> CudaBackend<G> {
         let cfg = model.config.clone();
         let w = DevWeights::upload(&mut gpu, model)?;
         let pool = BlockPool::for_tokens(opts.kv_tokens.max(BLOCK_TOKENS));
-        let kv_bytes = cfg.n_layers * pool.total_blocks() * BLOCK_TOKENS * cfg.kv_dim() * 4;
+        let kv_bytes =
+            cfg.n_layers * pool.total_blocks() * BLOCK_TOKENS * cfg.kv_dim() * opts.kv_type.bytes();
         let k_cache = gpu.alloc(kv_bytes, "KV cache keys")?;
         let v_cache = gpu.alloc(kv_bytes, "KV cache values")?;
         let report = gpu.report();
@@ -117,6 +125,7 @@ impl<G: Gpu> CudaBackend<G> {
             weights_mib = w.bytes >> 20,
             kv_tokens = pool.total_blocks() * BLOCK_TOKENS,
             kv_mib = (2 * kv_bytes) >> 20,
+            kv_type = ?opts.kv_type,
             "model uploaded to the device"
         );
         Ok(CudaBackend {
@@ -156,7 +165,7 @@ impl<G: Gpu> CudaBackend<G> {
 
     /// Bytes of KV cache per position (all layers, keys and values).
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.cfg.n_layers * self.cfg.kv_dim() * 4
+        2 * self.cfg.n_layers * self.cfg.kv_dim() * self.opts.kv_type.bytes()
     }
 
     /// Steps so far whose matrices went through the dequantize + GEMM path.

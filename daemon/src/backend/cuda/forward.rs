@@ -387,13 +387,15 @@ impl<G: Gpu> CudaBackend<G> {
         let (attn, gate, up) = (b.attn, b.gate, b.up);
         ops::embed(g, &self.w.tok_embd, at(meta.tokens), x.ptr(), n)?;
         let neox = cfg.arch.rope_style() == RopeStyle::Neox;
-        let layer_kv_bytes = self.pool.total_blocks() * BLOCK_TOKENS * kv_dim * f;
+        let kv_type = self.opts.kv_type;
+        let layer_kv_bytes = self.pool.total_blocks() * BLOCK_TOKENS * kv_dim * kv_type.bytes();
         let attn_shape = AttnShape {
             n_heads: cfg.n_heads,
             n_kv_heads: cfg.n_kv_heads,
             head_dim: hd,
             n_seqs: shape.seqs,
             max_blocks: shape.max_blocks,
+            kv: kv_type,
         };
         for (li, l) in self.w.layers.iter().enumerate() {
             ops::rmsnorm(g, x.ptr(), l.attn_norm, xn.ptr(), n, d, cfg.rms_eps)?;
@@ -429,7 +431,17 @@ impl<G: Gpu> CudaBackend<G> {
             )?;
             let kc = self.k_cache.at(li * layer_kv_bytes);
             let vc = self.v_cache.at(li * layer_kv_bytes);
-            ops::kv_write(g, k.ptr(), v.ptr(), kc, vc, at(meta.slots), n, kv_dim)?;
+            ops::kv_write(
+                g,
+                k.ptr(),
+                v.ptr(),
+                kc,
+                vc,
+                at(meta.slots),
+                n,
+                kv_dim,
+                kv_type,
+            )?;
             let io = AttnInputs {
                 q: q.ptr(),
                 k_cache: kc,

@@ -216,9 +216,10 @@ pub fn kv_write(
     slots: DevPtr,
     n: usize,
     kv_dim: usize,
+    kv: KvType,
 ) -> Result<(), GpuError> {
     gpu.launch(
-        &names::kv_write(KvType::F32),
+        &names::kv_write(kv),
         Launch::linear(stride_blocks(n * kv_dim), EW_THREADS),
         &[
             KArg::Ptr(k),
@@ -240,6 +241,8 @@ pub struct AttnShape {
     pub head_dim: usize,
     pub n_seqs: usize,
     pub max_blocks: usize,
+    /// Element type of the paged cache.
+    pub kv: KvType,
 }
 
 impl AttnShape {
@@ -271,7 +274,7 @@ pub fn attn_decode(
     part_ml: Buf,
 ) -> Result<(), GpuError> {
     gpu.launch(
-        &names::attn_decode(KvType::F32),
+        &names::attn_decode(s.kv),
         Launch::new(
             [to_u32(s.n_kv_heads), to_u32(s.n_seqs), to_u32(n_splits)],
             ATTN_DECODE_THREADS,
@@ -328,7 +331,7 @@ pub fn attn_prefill(
     max_q_len: usize,
 ) -> Result<(), GpuError> {
     gpu.launch(
-        &names::attn_prefill(KvType::F32),
+        &names::attn_prefill(s.kv),
         Launch::new(
             [
                 to_u32(max_q_len.div_ceil(ATTN_PREFILL_QUERIES)),

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use sparkd_kernels::emu::EmuError;
+use sparkd_kernels::names::KvType;
 
 use super::{CudaBackend, CudaOptions, EmuGpu, GpuError};
 use crate::backend::parity::{compare, greedy, ParityPlan};
@@ -153,9 +154,14 @@ fn one_layer(mut s: SynthSpec) -> SynthSpec {
 #[test]
 fn emulated_cuda_forward_matches_the_cpu_llama_q4_0_two_layers() {
     // Two layers: the per-layer offsets into the KV cache and the residual stream
-    // carried across layers; five steps, the last two pure batched decode.
+    // carried across layers; five steps, the last two pure batched decode. The KV cache
+    // in f32 here (f16, the default, everywhere else).
     let s = spec(Arch::Llama, GgmlType::Q4_0);
-    check("llama Q4_0", &s, &plan(s.vocab_size, 5), opts(8));
+    let f32_kv = CudaOptions {
+        kv_type: KvType::F32,
+        ..opts(8)
+    };
+    check("llama Q4_0 f32 KV", &s, &plan(s.vocab_size, 5), f32_kv);
 }
 
 #[test]
