@@ -19,20 +19,19 @@ use super::tensor::TensorInfo;
 const OWNED_ALIGN: usize = 64;
 
 enum Backing {
-    Mmap(Mmap),
+    /// A read-only mapping of the file, which stays open so that released ranges can
+    /// also be dropped from the page cache.
+    Mmap { map: Mmap, file: File },
     /// Anonymous memory holding a copy of the file, read-only after loading.
     Copied(Mmap),
     /// The file is `buf[start..]`; `start` pads it to `OWNED_ALIGN` in memory.
-    Owned {
-        buf: Vec<u8>,
-        start: usize,
-    },
+    Owned { buf: Vec<u8>, start: usize },
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Self::Mmap(m) | Self::Copied(m) => m,
+            Self::Mmap { map: m, .. } | Self::Copied(m) => m,
             Self::Owned { buf, start } => buf.get(*start..).unwrap_or_default(),
         }
     }
@@ -91,7 +90,7 @@ impl GgufFile {
         };
         let file = File::open(path).map_err(io)?;
         let map = map_read_only(&file).map_err(io)?;
-        Self::from_backing(Backing::Mmap(map))
+        Self::from_backing(Backing::Mmap { map, file })
     }
 
     /// Reads `path` into anonymous memory of its own and parses it: what a server that
@@ -205,14 +204,19 @@ impl GgufFile {
     }
 
     /// Gives back the memory of `offset..offset + len`, whose contents were copied
-    /// elsewhere (packed at load) and are never read in place again, so they stop
-    /// counting towards resident memory. For a file mapping a later read would fault
-    /// the bytes back in from the file; for the private copy of [`load`](Self::load) it
-    /// would read zeros, which is why only tensors that were repacked are released.
-    /// Does nothing for owned bytes or a failed `madvise`.
+    /// elsewhere (packed at load, uploaded to a GPU) and are never read in place again,
+    /// so they stop counting towards resident memory. For a file mapping a later read
+    /// would fault the bytes back in from the file, and the range's page cache is
+    /// dropped too (the GPU copy is the one that stays: on unified-memory machines the
+    /// cache would hold the model a second time in the same memory); for the private
+    /// copy of [`load`](Self::load) it would read zeros, which is why only tensors that
+    /// were repacked are released. Does nothing for owned bytes; a failed `madvise` or
+    /// `posix_fadvise` leaves the memory where it was.
     pub fn release_pages(&self, offset: usize, len: usize) {
-        let (Backing::Mmap(map) | Backing::Copied(map)) = &self.backing else {
-            return;
+        let (map, file) = match &self.backing {
+            Backing::Mmap { map, file } => (map, Some(file)),
+            Backing::Copied(map) => (map, None),
+            Backing::Owned { .. } => return,
         };
         let Some(end) = offset.checked_add(len).filter(|&end| end <= map.len()) else {
             return;
@@ -234,11 +238,16 @@ impl GgufFile {
         let _ = unsafe {
             map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
         };
+        // Unmapped from this process first: the kernel keeps cache pages that are
+        // still mapped. Clean pages only, so nothing is lost.
+        if let Some(file) = file {
+            drop_cached(file, start, end - start);
+        }
     }
 
     /// Whether the bytes are memory-mapped (as opposed to owned).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.backing, Backing::Mmap(_))
+        matches!(self.backing, Backing::Mmap { .. })
     }
 }
 

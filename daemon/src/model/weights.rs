@@ -56,6 +56,16 @@ impl MatrixRef {
         }
     }
 
+    /// Gives back the host memory of the matrix's file bytes once they were copied
+    /// elsewhere (a device upload); see [`GgufFile::release_pages`]. Only over a file
+    /// mapping, where a later read faults the bytes back in: a private copy would read
+    /// zeros, and the CPU may still use a model loaded that way.
+    pub fn release_file_pages(&self, file: &GgufFile) {
+        if file.is_mapped() {
+            file.release_pages(self.offset, self.len);
+        }
+    }
+
     /// Whether the matrix is held packed.
     pub fn is_packed(&self) -> bool {
         self.packed.is_some()

@@ -279,3 +279,68 @@ fn emulated_cuda_split_k_decode_matches_the_cpu_past_one_partition() {
     );
     check("split-K", &s, &long, opts(8));
 }
+
+/// Resident memory (kB) of this process's mapping that starts at `addr`, from
+/// /proc/self/smaps; `None` where that file does not exist.
+fn mapping_rss_kb(addr: usize) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut in_it = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((start, _)) = first.split_once('-') {
+            if let Ok(start) = usize::from_str_radix(start, 16) {
+                in_it = start == addr;
+                continue;
+            }
+        }
+        if in_it {
+            if let Some(kb) = line.strip_prefix("Rss:") {
+                return kb.trim().trim_end_matches("kB").trim().parse().ok();
+            }
+        }
+    }
+    None
+}
+
+/// The weights go up to the device tensor by tensor from a mapping of the file, and
+/// each tensor's pages go back after its upload: the process never holds the model
+/// on the host beside the device copy (on GB10 the two share one memory).
+#[test]
+fn uploading_a_mapped_model_gives_its_pages_back_tensor_by_tensor() {
+    let Some(emu) = emulator() else { return };
+    let mut s = SynthSpec::tiny();
+    (s.d_model, s.ffn_dim, s.n_heads, s.n_kv_heads) = (512, 1536, 8, 4);
+    (s.n_layers, s.vocab_size, s.weight_type) = (4, 8192, GgmlType::Q8_0);
+    s.tied_embeddings = false;
+    let dir = std::env::temp_dir().join(format!("sparkd-cuda-upload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("model.gguf");
+    synth_gguf(&s)
+        .expect("synth")
+        .write_file(&path)
+        .expect("write");
+    let file_kb = std::fs::metadata(&path).expect("stat").len() / 1024;
+
+    let model = Model::load_mapped(&path).expect("load mapped");
+    let base = model.file.bytes().as_ptr() as usize;
+    let Some(before) = mapping_rss_kb(base) else {
+        eprintln!("SKIPPED: no /proc/self/smaps");
+        return;
+    };
+    let gpu = CudaBackend::new(&model, emu, opts(8)).expect("upload");
+    let after = mapping_rss_kb(base).expect("the mapping is still there");
+    eprintln!(
+        "mapping of a {file_kb} kB model: {before} kB resident before the upload, {after} kB after"
+    );
+    assert!(
+        after < file_kb / 8,
+        "{after} kB of a {file_kb} kB model still resident after the upload"
+    );
+    // The device copy is whole: the weights it reports add up to the file's tensors.
+    assert!(
+        gpu.w.bytes > file_kb * 1024 * 9 / 10,
+        "{} bytes uploaded",
+        gpu.w.bytes
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -98,6 +98,9 @@ fn upload_matrix(
     let buf = gpu.alloc(data.len(), name)?;
     gpu.upload(buf.ptr(), data)?;
     *bytes += data.len() as u64;
+    // Streamed: the uploaded tensor's pages of the mapping (and their page cache) go
+    // back at once, so the host holds about one tensor at a time, not the model.
+    m.release_file_pages(&model.file);
     Ok(DevMatrix {
         buf,
         ty,
