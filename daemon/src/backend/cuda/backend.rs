@@ -154,6 +154,11 @@ impl<G: Gpu> CudaBackend<G> {
         &mut self.gpu
     }
 
+    /// The device, the model's buffers on it left allocated (tests read its counters).
+    pub fn into_gpu(self) -> G {
+        self.gpu
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
     }

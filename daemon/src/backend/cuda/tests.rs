@@ -80,8 +80,9 @@ fn plan(vocab: usize, steps: usize) -> ParityPlan {
 }
 
 /// Runs `plan` on the CPU and on the emulated CUDA forward; asserts the bar.
-fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) {
-    let Some(emu) = emulator() else { return };
+/// Returns the emulated device (launch profile), or `None` when the test was skipped.
+fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) -> Option<EmuGpu> {
+    let emu = emulator()?;
     let graphs = opts.graphs;
     let (m, dev_model) = model(spec);
     let mut cpu = CpuBackend::new(m.clone(), 1024, 1);
@@ -132,6 +133,7 @@ fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) {
         );
     }
     assert_eq!(gpu.kv_used_blocks(), 0, "tables released");
+    Some(gpu.into_gpu())
 }
 
 fn opts(gemm_min_tokens: usize) -> CudaOptions {
@@ -267,7 +269,8 @@ fn emulated_cuda_graphs_replay_decode_exactly_as_launch_by_launch() {
 #[test]
 fn emulated_cuda_split_k_decode_matches_the_cpu_past_one_partition() {
     let mut s = one_layer(spec(Arch::Llama, GgmlType::Q8_0));
-    s.context_length = 1024;
+    // Two query heads over one kv head: half the prefill attention to emulate.
+    (s.n_heads, s.n_kv_heads, s.context_length) = (2, 1, 1024);
     let long = ParityPlan {
         prompts: vec![prompt(520, 8, s.vocab_size), prompt(3, 9, s.vocab_size)],
         chunk: 260,
@@ -277,7 +280,15 @@ fn emulated_cuda_split_k_decode_matches_the_cpu_past_one_partition() {
         520 > 2 * sparkd_kernels::consts::ATTN_PARTITION,
         "three splits"
     );
-    check("split-K", &s, &long, opts(8));
+    let Some(emu) = check("split-K", &s, &long, opts(8)) else {
+        return;
+    };
+    let reduces = emu
+        .profile()
+        .iter()
+        .find(|(k, _, _)| k == "attn_decode_reduce")
+        .map_or(0, |p| p.1);
+    assert_eq!(reduces, 3, "one split merge per decode step");
 }
 
 /// Resident memory (kB) of this process's mapping that starts at `addr`, from
