@@ -59,6 +59,30 @@ die() { echo "gpu-check: $*" >&2; exit 1; }
 field() { printf '%s\n' "$1" | sed -n "s/.*\"$2\": *\"\{0,1\}\([^,\"}]*\).*/\1/p" | head -n1; }
 
 [ -x "$SPARKD" ] || die "no sparkd binary at $SPARKD (set SPARKD=...)"
+
+# sparkd compiles its kernels with NVRTC, loaded by soname (libnvrtc.so.13). A toolkit
+# or a pip wheel outside the loader's search path is found here and named to sparkd.
+find_nvrtc() {
+  local dirs=() d
+  IFS=: read -r -a dirs <<< "${LD_LIBRARY_PATH:-}"
+  for d in "${dirs[@]}"; do
+    [ -n "$d" ] && compgen -G "$d/libnvrtc.so.13*" > /dev/null && return 1  # found by the loader
+  done
+  ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13' && return 1
+  dirs=()
+  [ -n "${CUDA_HOME:-}" ] && dirs+=("$CUDA_HOME/lib64" "$CUDA_HOME/lib")
+  dirs+=(/usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda*/targets/*/lib)
+  while IFS= read -r d; do dirs+=("$d/nvidia"); done < <(python3 -c \
+    'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null || true)
+  for d in "${dirs[@]}"; do
+    [ -d "$d" ] || continue
+    find "$d" -maxdepth 3 -name 'libnvrtc.so.13*' ! -name '*builtins*' 2>/dev/null | sort | head -n1
+  done | head -n1
+}
+if [ -z "${SPARKD_NVRTC_LIB:-}" ]; then
+  nvrtc=$(find_nvrtc || true)
+  [ -n "$nvrtc" ] && export SPARKD_NVRTC_LIB="$nvrtc"
+fi
 mkdir -p "$WORK"
 LOG="$WORK/gpu-check.log"
 : > "$LOG"
@@ -73,6 +97,7 @@ echo "sparkd:  $("$SPARKD" --version 2>/dev/null || echo unknown) ($SPARKD)"
 if command -v nvidia-smi > /dev/null; then
   echo "device:  $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n1)"
 fi
+echo "nvrtc:   ${SPARKD_NVRTC_LIB:-found by the loader (or missing: sparkd says which)}"
 echo "work:    $WORK (log: $LOG)"
 
 # Writes a synthetic model once; later runs reuse it.
