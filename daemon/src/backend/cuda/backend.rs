@@ -119,7 +119,12 @@ impl<G: Gpu> CudaBackend<G> {
             cfg.n_layers * pool.total_blocks() * BLOCK_TOKENS * cfg.kv_dim() * opts.kv_type.bytes();
         let k_cache = gpu.alloc(kv_bytes, "KV cache keys")?;
         let v_cache = gpu.alloc(kv_bytes, "KV cache values")?;
-        let report = gpu.report();
+        let report = Arc::new(ModelOnDevice {
+            device: gpu.report(),
+            weights_bytes: w.bytes,
+            kv_bytes: 2 * kv_bytes as u64,
+            kv_type: opts.kv_type,
+        });
         tracing::info!(
             device = %gpu.name(),
             weights_mib = w.bytes >> 20,
@@ -265,6 +270,36 @@ impl<G: Gpu> Backend for CudaBackend<G> {
 
     fn threads(&self) -> usize {
         1
+    }
+}
+
+/// `Status`'s device line: the device's own (name, free memory) and what the model
+/// holds of it, e.g. `NVIDIA GB10 (sm_121) · 100.2 of 119.6 GiB free · weights 4.58 GiB,
+/// KV cache 2.00 GiB (f16)`.
+struct ModelOnDevice {
+    device: Arc<dyn DeviceReport>,
+    weights_bytes: u64,
+    kv_bytes: u64,
+    kv_type: KvType,
+}
+
+impl DeviceReport for ModelOnDevice {
+    fn backend(&self) -> &'static str {
+        self.device.backend()
+    }
+
+    fn device(&self) -> String {
+        const GIB: f64 = (1u64 << 30) as f64;
+        format!(
+            "{} · weights {:.2} GiB, KV cache {:.2} GiB ({})",
+            self.device.device(),
+            self.weights_bytes as f64 / GIB,
+            self.kv_bytes as f64 / GIB,
+            match self.kv_type {
+                KvType::F32 => "f32",
+                KvType::F16 => "f16",
+            }
+        )
     }
 }
 

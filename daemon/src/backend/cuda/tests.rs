@@ -353,5 +353,19 @@ fn uploading_a_mapped_model_gives_its_pages_back_tensor_by_tensor() {
         "{} bytes uploaded",
         gpu.w.bytes
     );
+    // Status says what the model holds of the device.
+    let line = gpu.report().device();
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    let kv = gpu.kv_bytes_per_token() as u64
+        * gpu.kv_total_blocks() as u64
+        * crate::model::BLOCK_TOKENS as u64;
+    assert_eq!(
+        line,
+        format!(
+            "kernel emulator (CPU) · weights {}, KV cache {} (f16)",
+            gib(gpu.w.bytes),
+            gib(kv)
+        )
+    );
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
