@@ -5,11 +5,14 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::model::{BlockTable, KvCache, Model, SeqInput, Workspace};
+use crate::backend::parity::greedy;
+use crate::backend::{Backend, CpuBackend};
+use crate::model::{BlockTable, Model, SeqInput};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -40,56 +43,70 @@ pub struct PeerReport {
 
 /// Tokens that look like text to the model but need no tokenizer: a fixed spread over
 /// the vocabulary, so runs are repeatable.
-fn bench_tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
+pub(crate) fn bench_tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
     (0..n)
         .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
         .collect()
 }
 
-struct Bench<'m> {
-    model: &'m Model,
-    kv: KvCache,
-    ws: Workspace,
+/// The best of `reps` single-sequence prefills of `n` tokens, as the backend times its
+/// forward (on the device for a GPU).
+pub(crate) fn prefill_best(
+    b: &mut dyn Backend,
+    vocab: usize,
+    n: usize,
+    reps: usize,
+) -> anyhow::Result<Duration> {
+    let tokens = bench_tokens(n, vocab, 1);
+    let mut best = Duration::MAX;
+    for _ in 0..reps.max(1) {
+        let mut table = BlockTable::default();
+        b.reserve(&mut table, n)?;
+        let batch = [SeqInput {
+            table: &table,
+            tokens: &tokens,
+            start_pos: 0,
+            want_logits: true,
+        }];
+        let took = b.forward(&batch);
+        b.release(&mut table);
+        best = best.min(took?);
+    }
+    Ok(best)
 }
 
-impl Bench<'_> {
-    fn prefill(&mut self, n: usize, reps: usize) -> f64 {
-        let tokens = bench_tokens(n, self.model.config.vocab_size, 1);
-        let mut best = Duration::MAX;
-        for _ in 0..reps {
-            let mut table = BlockTable::default();
-            self.kv
-                .reserve(&mut table, n)
-                .expect("bench KV sized for the prompt");
-            let batch = [SeqInput {
-                table: &table,
-                tokens: &tokens,
-                start_pos: 0,
-                want_logits: true,
-            }];
-            let t = Instant::now();
-            self.model
-                .forward(&batch, &mut self.kv, &mut self.ws)
-                .expect("bench forward");
-            best = best.min(t.elapsed());
-            self.kv.release(&mut table);
-        }
-        n as f64 / best.as_secs_f64()
-    }
+/// What a timed decode run did.
+pub(crate) struct DecodeRun {
+    pub tokens: usize,
+    pub elapsed: Duration,
+    /// Cached positions the timed steps attended to, over all sequences (the KV bytes
+    /// they read, per position).
+    pub kv_positions: u64,
+}
 
-    /// `streams` sequences with a short prompt each, then `steps` decode steps of one
-    /// token per sequence; returns aggregate generated tokens per second.
-    fn decode(&mut self, streams: usize, steps: usize) -> f64 {
-        let vocab = self.model.config.vocab_size;
-        let prompt = 16;
-        let mut tables: Vec<BlockTable> = (0..streams).map(|_| BlockTable::default()).collect();
-        let mut seqs: Vec<Vec<u32>> = (0..streams)
-            .map(|s| bench_tokens(prompt, vocab, s + 2))
-            .collect();
+impl DecodeRun {
+    pub fn tok_s(&self) -> f64 {
+        self.tokens as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// `streams` sequences with a `prompt`-token prompt each, prefilled together, then one
+/// untimed warm-up step (it sizes buffers and, on the GPU, captures the step's graph)
+/// and `steps` timed steps of one greedy token per sequence.
+pub(crate) fn greedy_decode(
+    b: &mut dyn Backend,
+    vocab: usize,
+    streams: usize,
+    prompt: usize,
+    steps: usize,
+) -> anyhow::Result<DecodeRun> {
+    let mut tables: Vec<BlockTable> = vec![BlockTable::default(); streams];
+    let mut seqs: Vec<Vec<u32>> = (0..streams)
+        .map(|s| bench_tokens(prompt, vocab, s + 2))
+        .collect();
+    let result = (|| {
         for t in tables.iter_mut() {
-            self.kv
-                .reserve(t, prompt + steps + 1)
-                .expect("bench KV sized for the streams");
+            b.reserve(t, prompt + steps + 1)?;
         }
         let batch: Vec<SeqInput> = tables
             .iter()
@@ -101,69 +118,62 @@ impl Bench<'_> {
                 want_logits: true,
             })
             .collect();
-        self.model
-            .forward(&batch, &mut self.kv, &mut self.ws)
-            .expect("bench forward");
+        b.forward(&batch)?;
         drop(batch);
-        let mut elapsed = Duration::ZERO;
-        for step in 0..steps {
+        let mut run = DecodeRun {
+            tokens: 0,
+            elapsed: Duration::ZERO,
+            kv_positions: 0,
+        };
+        for step in 0..=steps {
             for (i, s) in seqs.iter_mut().enumerate() {
-                let logits = self.ws.logits(i, vocab);
-                s.push(argmax(logits));
+                s.push(greedy(b.logits_mut(i)));
             }
+            let pos = prompt + step;
             let batch: Vec<SeqInput> = tables
                 .iter()
                 .zip(&seqs)
                 .map(|(t, s)| SeqInput {
                     table: t,
-                    tokens: &s[prompt + step..prompt + step + 1],
-                    start_pos: prompt + step,
+                    tokens: &s[pos..pos + 1],
+                    start_pos: pos,
                     want_logits: true,
                 })
                 .collect();
-            let t = Instant::now();
-            self.model
-                .forward(&batch, &mut self.kv, &mut self.ws)
-                .expect("bench forward");
-            elapsed += t.elapsed();
+            let took = b.forward(&batch)?;
+            if step > 0 {
+                run.tokens += streams;
+                run.elapsed += took;
+                run.kv_positions += (streams * (pos + 1)) as u64;
+            }
         }
-        for t in tables.iter_mut() {
-            self.kv.release(t);
-        }
-        (streams * steps) as f64 / elapsed.as_secs_f64()
+        Ok(run)
+    })();
+    for t in tables.iter_mut() {
+        b.release(t);
     }
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
+    result
 }
 
 pub fn run(
-    model: &Model,
+    model: Arc<Model>,
     name: &str,
     threads: usize,
     peer: Option<&Path>,
 ) -> anyhow::Result<BenchReport> {
     let resident_after_load = crate::engine::resident_bytes();
     let kv_tokens = 8 * 128 + 1024;
-    let mut b = Bench {
-        model,
-        kv: model.new_kv_cache(kv_tokens),
-        ws: Workspace::new(threads),
-    };
+    let vocab = model.config.vocab_size;
+    let mut cpu = CpuBackend::new(model.clone(), kv_tokens, threads);
+    let b: &mut dyn Backend = &mut cpu;
+    let tps = |n: usize, t: Duration| n as f64 / t.as_secs_f64().max(1e-9);
     // Warm up: page in the weights and size the buffers.
-    b.prefill(32, 1);
-    let prefill_128_tps = b.prefill(128, 3);
-    let prefill_512_tps = b.prefill(512, 2);
-    let decode_tps = b.decode(1, 64);
-    let aggregate_4_tps = b.decode(4, 48);
-    let aggregate_8_tps = b.decode(8, 48);
+    prefill_best(b, vocab, 32, 1)?;
+    let prefill_128_tps = tps(128, prefill_best(b, vocab, 128, 3)?);
+    let prefill_512_tps = tps(512, prefill_best(b, vocab, 512, 2)?);
+    let decode_tps = greedy_decode(b, vocab, 1, 16, 64)?.tok_s();
+    let aggregate_4_tps = greedy_decode(b, vocab, 4, 16, 48)?.tok_s();
+    let aggregate_8_tps = greedy_decode(b, vocab, 8, 16, 48)?.tok_s();
     let resident_after_run = crate::engine::resident_bytes();
     let bytes_per_token = model.weights.bytes_per_token();
     let peer = match peer {
@@ -172,7 +182,7 @@ pub fn run(
     };
     Ok(BenchReport {
         model: name.to_string(),
-        threads: b.ws.threads(),
+        threads: cpu.workspace().threads(),
         kernel: crate::backend::cpu::kernel_name().to_string(),
         file_bytes: model.file.file_len(),
         weight_bytes_per_token: bytes_per_token,
@@ -184,7 +194,7 @@ pub fn run(
         aggregate_8_tps,
         resident_after_load_bytes: resident_after_load,
         resident_after_run_bytes: resident_after_run,
-        kv_bytes: b.kv.bytes() as u64,
+        kv_bytes: cpu.kv().bytes() as u64,
         peer,
     })
 }
@@ -290,4 +300,38 @@ pub fn print_table(r: &BenchReport) {
         budget / 1e6
     );
     println!("(aggregate ratios are against our own single-stream decode)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufFile;
+    use crate::model::synth::{synth_gguf, SynthSpec};
+
+    fn tiny() -> Arc<Model> {
+        let bytes = synth_gguf(&SynthSpec::tiny()).expect("synth").to_bytes();
+        let file = GgufFile::from_bytes(bytes).expect("parse");
+        Arc::new(Model::from_file(file, Path::new("tiny.gguf")).expect("load"))
+    }
+
+    #[test]
+    fn the_engine_loops_count_what_they_time_and_give_the_cache_back() {
+        let model = tiny();
+        let vocab = model.config.vocab_size;
+        let mut cpu = CpuBackend::new(model.clone(), 1024, 1);
+        let run = greedy_decode(&mut cpu, vocab, 3, 5, 4).expect("decode");
+        assert_eq!(run.tokens, 3 * 4, "the warm-up step is not counted");
+        // Timed steps at positions 6..=9 (the warm-up was 5), each attending to pos + 1.
+        assert_eq!(run.kv_positions, 3 * (7 + 8 + 9 + 10));
+        assert!(run.elapsed > Duration::ZERO);
+        assert_eq!(cpu.kv_used_blocks(), 0);
+
+        assert!(prefill_best(&mut cpu, vocab, 40, 2).expect("prefill") > Duration::ZERO);
+        assert_eq!(cpu.kv_used_blocks(), 0);
+
+        // A run past the cache is an error, and what it had reserved is given back.
+        let mut small = CpuBackend::new(model, 32, 1);
+        assert!(greedy_decode(&mut small, vocab, 2, 10, 8).is_err());
+        assert_eq!(small.kv_used_blocks(), 0);
+    }
 }

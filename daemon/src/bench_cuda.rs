@@ -13,17 +13,11 @@ use crate::backend::cuda::{
     probe, CudaBackend, CudaGpu, CudaOptions, DeviceChoice, DeviceRequest, Gpu, GpuInfo,
 };
 use crate::backend::parity::{compare, ParityPlan};
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::CpuBackend;
+use crate::bench::{bench_tokens, greedy_decode, prefill_best};
 use crate::cli::{model_path, GpuParityArgs};
-use crate::model::{BlockTable, Model, SeqInput};
+use crate::model::Model;
 use sparkd_kernels::Arch;
-
-/// Tokens spread over the vocabulary, repeatable, no tokenizer needed.
-fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
-        .collect()
-}
 
 /// The GPU `request` names, or the probe's reason why there is none.
 fn cuda_device(request: DeviceRequest) -> anyhow::Result<(GpuInfo, Arch)> {
@@ -47,7 +41,7 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
     let device_model = Model::load_mapped(&path)?;
     let vocab = model.config.vocab_size;
     // Two sequences, prefilled together, then batched greedy decode.
-    let prompts = vec![tokens(48, vocab, 1), tokens(20, vocab, 2)];
+    let prompts = vec![bench_tokens(48, vocab, 1), bench_tokens(20, vocab, 2)];
     let kv_tokens = 2 * (48 + args.steps + 32);
     let threads = args
         .threads
@@ -147,9 +141,12 @@ pub fn run(
         let modes: &[bool] = if batch == 1 { &[true, false] } else { &[true] };
         for &graphs in modes {
             b.set_graphs(graphs);
-            let (tok_s, gb_s) = decode(&mut b, batch, prompt, steps)?;
+            let run = greedy_decode(&mut b, vocab, batch, prompt, steps)?;
+            let secs = run.elapsed.as_secs_f64().max(1e-9);
+            let bytes = b.weight_bytes_per_step() * steps as u64
+                + run.kv_positions * b.kv_bytes_per_token() as u64;
             emit(
-                json!({"kind": "decode", "batch": batch, "graphs": graphs, "tok_s": tok_s, "gb_s": gb_s}),
+                json!({"kind": "decode", "batch": batch, "graphs": graphs, "tok_s": run.tok_s(), "gb_s": bytes as f64 / secs / 1e9}),
                 json_out,
             );
         }
@@ -157,84 +154,13 @@ pub fn run(
     b.set_graphs(true);
     for &n in prefills {
         let n = n.max(1);
-        let toks = tokens(n, vocab, 1);
-        let mut best = Duration::MAX;
-        for _ in 0..2 {
-            let mut table = BlockTable::default();
-            b.reserve(&mut table, n)?;
-            let inputs = [SeqInput {
-                table: &table,
-                tokens: &toks,
-                start_pos: 0,
-                want_logits: true,
-            }];
-            best = best.min(b.forward(&inputs)?);
-            b.release(&mut table);
-        }
+        let best = prefill_best(&mut b, vocab, n, 2)?;
         emit(
             json!({"kind": "prefill", "tokens": n, "tok_s": n as f64 / best.as_secs_f64().max(1e-9)}),
             json_out,
         );
     }
     Ok(())
-}
-
-/// Greedy decode of `batch` sequences for `steps` steps after a `prompt`-token prefill:
-/// (tokens/s, GB/s of weights and KV read), from the device's step times. The first
-/// decode step is a warm-up (it captures the graph of its shape) and is not counted.
-fn decode<G: Gpu>(
-    b: &mut CudaBackend<G>,
-    batch: usize,
-    prompt: usize,
-    steps: usize,
-) -> anyhow::Result<(f64, f64)> {
-    let vocab = b.vocab_size();
-    let mut tables: Vec<BlockTable> = vec![BlockTable::default(); batch];
-    let mut seqs: Vec<Vec<u32>> = (0..batch).map(|s| tokens(prompt, vocab, s + 3)).collect();
-    for t in tables.iter_mut() {
-        b.reserve(t, prompt + steps + 2)?;
-    }
-    let inputs: Vec<SeqInput<'_>> = tables
-        .iter()
-        .zip(&seqs)
-        .map(|(t, s)| SeqInput {
-            table: t,
-            tokens: s,
-            start_pos: 0,
-            want_logits: true,
-        })
-        .collect();
-    b.forward(&inputs)?;
-    drop(inputs);
-    let mut elapsed = Duration::ZERO;
-    let mut kv_read = 0u64;
-    for step in 0..=steps {
-        for (i, s) in seqs.iter_mut().enumerate() {
-            s.push(crate::backend::parity::greedy(b.logits_mut(i)));
-        }
-        let pos = prompt + step;
-        let inputs: Vec<SeqInput<'_>> = tables
-            .iter()
-            .zip(&seqs)
-            .map(|(t, s)| SeqInput {
-                table: t,
-                tokens: &s[pos..pos + 1],
-                start_pos: pos,
-                want_logits: true,
-            })
-            .collect();
-        let took = b.forward(&inputs)?;
-        if step > 0 {
-            elapsed += took;
-            kv_read += (batch * (pos + 1) * b.kv_bytes_per_token()) as u64;
-        }
-    }
-    for t in tables.iter_mut() {
-        b.release(t);
-    }
-    let secs = elapsed.as_secs_f64().max(1e-9);
-    let bytes = b.weight_bytes_per_step() * steps as u64 + kv_read;
-    Ok(((batch * steps) as f64 / secs, bytes as f64 / secs / 1e9))
 }
 
 /// Device-to-device copy bandwidth, (read + write) bytes / time, best of a few.

@@ -254,11 +254,11 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     let path = model_path(&args.model, true)?;
-    let model = Model::load(&path)?;
+    let model = std::sync::Arc::new(Model::load(&path)?);
     let threads = args
         .threads
         .unwrap_or_else(crate::backend::cpu::physical_cores);
-    let report = crate::bench::run(&model, &args.model, threads, args.peer.as_deref())?;
+    let report = crate::bench::run(model, &args.model, threads, args.peer.as_deref())?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -164,10 +164,6 @@ impl<G: Gpu> CudaBackend<G> {
         self.gpu
     }
 
-    pub fn vocab_size(&self) -> usize {
-        self.cfg.vocab_size
-    }
-
     /// Bytes of weights one decode step reads.
     pub fn weight_bytes_per_step(&self) -> u64 {
         self.w.bytes_per_step
