@@ -18,9 +18,9 @@
 //
 // Design: decode is bound by reading the weights, so each weight is read from memory
 // exactly once per step whatever the batch: a warp owns SPARKD_MMV_ROWS_PER_WARP rows,
-// its lanes walk a row in groups of eight weights (quant.cuh dq8), dequantize each group
-// once into registers and multiply it into all NB activation rows, keeping NB partial
-// sums per row in registers. The activations are staged in shared memory in
+// its lanes walk the rows in groups of eight weights (quant.cuh dq8), dequantize each
+// group once into registers and multiply it into all NB activation rows, keeping NB
+// partial sums per row in registers. The activations are staged in shared memory in
 // SPARKD_MMV_TILE-element slices that every warp of the block reuses. Partial sums are
 // reduced across the warp with shuffles at the end.
 #include "quant.cuh"
@@ -56,29 +56,39 @@ static __device__ void mmv(const u8* __restrict__ w, const float* __restrict__ x
         }
         __syncthreads();
         const int groups = len / 8;
+        // The row loop sits inside the group loop so that each activation read from
+        // shared memory serves all of the warp's rows: shared-memory bandwidth, not
+        // DRAM, would otherwise bound the larger batches. Each (row, batch) sum still
+        // takes its terms in the same order.
+        for (int gl = lane; row0 < rows && gl < groups; gl += 32) {
+            float wv[ROWS][8];
+            int e0 = 0, e1 = 0;
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            if (row0 + r >= rows) break;  // warp-uniform
-            const u8* wr = w + (u64)(row0 + r) * rb;
-            for (int gl = lane; gl < groups; gl += 32) {
-                float wv[8];
-                int e0, e1;
-                dq8<T>(wr, k0 / 8 + gl, wv, e0, e1);
-                e0 -= k0;
-                e1 -= k0;
+            for (int r = 0; r < ROWS; ++r) {
+                if (row0 + r < rows) {  // warp-uniform
+                    dq8<T>(w + (u64)(row0 + r) * rb, k0 / 8 + gl, wv[r], e0, e1);
+                } else {
 #pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    const float4 a = *(const float4*)(xs + b * TILE + e0);
-                    const float4 c = *(const float4*)(xs + b * TILE + e1);
+                    for (int i = 0; i < 8; ++i) wv[r][i] = 0.0f;
+                }
+            }
+            e0 -= k0;
+            e1 -= k0;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const float4 a = *(const float4*)(xs + b * TILE + e0);
+                const float4 c = *(const float4*)(xs + b * TILE + e1);
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
                     float s = acc[r][b];
-                    s = fmaf(wv[0], a.x, s);
-                    s = fmaf(wv[1], a.y, s);
-                    s = fmaf(wv[2], a.z, s);
-                    s = fmaf(wv[3], a.w, s);
-                    s = fmaf(wv[4], c.x, s);
-                    s = fmaf(wv[5], c.y, s);
-                    s = fmaf(wv[6], c.z, s);
-                    s = fmaf(wv[7], c.w, s);
+                    s = fmaf(wv[r][0], a.x, s);
+                    s = fmaf(wv[r][1], a.y, s);
+                    s = fmaf(wv[r][2], a.z, s);
+                    s = fmaf(wv[r][3], a.w, s);
+                    s = fmaf(wv[r][4], c.x, s);
+                    s = fmaf(wv[r][5], c.y, s);
+                    s = fmaf(wv[r][6], c.z, s);
+                    s = fmaf(wv[r][7], c.w, s);
                     acc[r][b] = s;
                 }
             }
