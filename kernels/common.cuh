@@ -35,6 +35,9 @@ typedef long long i64;
 // Warps per block and weight rows per warp of the mat-vec kernels.
 #define SPARKD_MMV_WARPS 8
 #define SPARKD_MMV_ROWS_PER_WARP 2
+// Warps per block (splitting K) and weight rows per block of the tensor-core mat-mul.
+#define SPARKD_MMQ_WARPS 8
+#define SPARKD_MMQ_ROWS 16
 // Positions one block of the split-K decode attention covers.
 #define SPARKD_ATTN_PARTITION 256
 // Query heads per kv head, and head size, the attention kernels support.

@@ -24,6 +24,7 @@
 #include "../gemm.cu"
 #include "../kv.cu"
 #include "../matvec.cu"
+#include "../mmq.cu"
 #include "../rmsnorm.cu"
 #include "../rope.cu"
 
@@ -101,6 +102,10 @@ std::map<std::string, Runner> kernels() {
     REG(mmv_##name##_b4)   \
     REG(mmv_##name##_b8)   \
     REG(mmv_##name##_b16)  \
+    REG(mmq_##name##_n8)   \
+    REG(mmq_##name##_n16)  \
+    REG(mmq_##name##_n32)  \
+    REG(mmq_##name##_n64)  \
     REG(dequant_##name##_f16) \
     REG(dequant_##name##_bf16)
     SPARKD_FOR_EACH_WTYPE(REG_W)

@@ -11,6 +11,14 @@ pub const MMV_TILE: usize = 512;
 pub const MMV_WARPS: usize = 8;
 /// Weight rows per warp of the mat-vec kernels.
 pub const MMV_ROWS_PER_WARP: usize = 2;
+/// Most activation rows one tensor-core mat-mul (`mmq`) launch handles.
+pub const MMQ_MAX_TOKENS: usize = 64;
+/// Warps per block of the `mmq` kernels (they split K).
+pub const MMQ_WARPS: usize = 8;
+/// Weight rows one `mmq` block covers: the grid is `rows.div_ceil(MMQ_ROWS)`.
+pub const MMQ_ROWS: usize = 16;
+/// Threads per `mmq` block.
+pub const MMQ_THREADS: u32 = (MMQ_WARPS * 32) as u32;
 /// Positions per block (split) of the decode attention.
 pub const ATTN_PARTITION: usize = 256;
 /// Query heads per kv head the attention kernels handle.
@@ -54,6 +62,8 @@ mod tests {
             ("SPARKD_MMV_TILE", MMV_TILE),
             ("SPARKD_MMV_WARPS", MMV_WARPS),
             ("SPARKD_MMV_ROWS_PER_WARP", MMV_ROWS_PER_WARP),
+            ("SPARKD_MMQ_WARPS", MMQ_WARPS),
+            ("SPARKD_MMQ_ROWS", MMQ_ROWS),
             ("SPARKD_ATTN_PARTITION", ATTN_PARTITION),
             ("SPARKD_MAX_GQA_GROUP", MAX_GQA_GROUP),
             ("SPARKD_MAX_HEAD_DIM", MAX_HEAD_DIM),

@@ -136,6 +136,15 @@ pub fn mmv_variant(n: usize) -> Option<usize> {
     MMV_BATCHES.into_iter().find(|&b| b >= n.max(1))
 }
 
+/// The activation-row widths the tensor-core mat-mul kernels are compiled for.
+pub const MMQ_WIDTHS: [usize; 4] = [8, 16, 32, 64];
+
+/// The `mmq` variant to launch for `n` activation rows: the smallest that holds them,
+/// `None` above [`crate::consts::MMQ_MAX_TOKENS`] (split the rows over launches).
+pub fn mmq_variant(n: usize) -> Option<usize> {
+    MMQ_WIDTHS.into_iter().find(|&w| w >= n.max(1))
+}
+
 pub fn embed(ty: WeightType) -> String {
     format!("embed_{}", ty.suffix())
 }
@@ -143,6 +152,11 @@ pub fn embed(ty: WeightType) -> String {
 /// `batch` must be one of [`MMV_BATCHES`] (see [`mmv_variant`]).
 pub fn mmv(ty: WeightType, batch: usize) -> String {
     format!("mmv_{}_b{batch}", ty.suffix())
+}
+
+/// `width` must be one of [`MMQ_WIDTHS`] (see [`mmq_variant`]).
+pub fn mmq(ty: WeightType, width: usize) -> String {
+    format!("mmq_{}_n{width}", ty.suffix())
 }
 
 pub fn dequant(ty: WeightType, out: Half) -> String {
@@ -186,6 +200,9 @@ pub fn all() -> Vec<(&'static str, String)> {
         for b in MMV_BATCHES {
             v.push(("matvec.cu", mmv(ty, b)));
         }
+        for width in MMQ_WIDTHS {
+            v.push(("mmq.cu", mmq(ty, width)));
+        }
         for h in [Half::F16, Half::BF16] {
             v.push(("dequant.cu", dequant(ty, h)));
         }
@@ -213,7 +230,7 @@ pub fn all() -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consts::MMV_MAX_BATCH;
+    use crate::consts::{MMQ_MAX_TOKENS, MMV_MAX_BATCH};
     use crate::sources::{source, SOURCES};
 
     #[test]
@@ -258,6 +275,24 @@ mod tests {
         let matvec = source("matvec.cu").unwrap();
         for b in MMV_BATCHES {
             assert!(matvec.contains(&format!("MMV_ENTRY(name, T, {b})")), "b{b}");
+        }
+    }
+
+    #[test]
+    fn mmq_variants_cover_every_width_up_to_the_maximum() {
+        assert_eq!(mmq_variant(0), Some(8));
+        assert_eq!(mmq_variant(5), Some(8));
+        assert_eq!(mmq_variant(9), Some(16));
+        assert_eq!(mmq_variant(33), Some(64));
+        assert_eq!(mmq_variant(MMQ_MAX_TOKENS), Some(MMQ_MAX_TOKENS));
+        assert_eq!(mmq_variant(MMQ_MAX_TOKENS + 1), None);
+        assert_eq!(*MMQ_WIDTHS.last().unwrap(), MMQ_MAX_TOKENS);
+        let mmq = source("mmq.cu").unwrap();
+        for width in MMQ_WIDTHS {
+            assert!(
+                mmq.contains(&format!("MMQ_ENTRY(name, T, {width})")),
+                "n{width}"
+            );
         }
     }
 

@@ -15,6 +15,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("rope.cu", include_str!("../rope.cu")),
     ("elementwise.cu", include_str!("../elementwise.cu")),
     ("matvec.cu", include_str!("../matvec.cu")),
+    ("mmq.cu", include_str!("../mmq.cu")),
     ("dequant.cu", include_str!("../dequant.cu")),
     ("gemm.cu", include_str!("../gemm.cu")),
     ("kv.cu", include_str!("../kv.cu")),

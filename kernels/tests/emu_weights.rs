@@ -7,9 +7,11 @@ mod common;
 use common::*;
 use half::{bf16, f16};
 use sparkd::quant::{self, GgmlType};
-use sparkd_kernels::consts::{GEMM_THREADS, GEMM_TILE, MMV_ROWS_PER_BLOCK, MMV_THREADS};
+use sparkd_kernels::consts::{
+    GEMM_THREADS, GEMM_TILE, MMQ_ROWS, MMQ_THREADS, MMV_ROWS_PER_BLOCK, MMV_THREADS,
+};
 use sparkd_kernels::emu::Arg;
-use sparkd_kernels::names::{self, Half, WeightType, MMV_BATCHES};
+use sparkd_kernels::names::{self, Half, WeightType, MMQ_WIDTHS, MMV_BATCHES};
 
 fn ggml(ty: WeightType) -> GgmlType {
     GgmlType::from_id(ty.ggml_id()).expect("every kernel format is a ggml type")
@@ -222,6 +224,70 @@ fn matvec_matches_the_dequantized_product_for_every_format_and_batch_variant() {
             .unwrap();
             let what = format!("{} nb={nb}", names::mmv(ty, nb_max));
             assert_close(&what, &bytes_f32(&yb), &want, &mag, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn tensor_core_matmul_matches_the_f16_rounded_product_for_every_format_and_width() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(6);
+    // Not a multiple of the 16 rows a block covers: the last block has rows g < 5 only,
+    // so its second m16 half (rows g + 8) is masked too.
+    let rows = 37;
+    let f16_round =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| f16::from_f32(x).to_f32()).collect() };
+    for (ti, ty) in WeightType::ALL.into_iter().enumerate() {
+        // 520 columns (float formats) end in a quad with one group of four: the tail.
+        let cols = cols_for(ty);
+        let w = random_weights(ty, rows, cols, &mut rng);
+        // The kernel rounds each dequantized weight to f16 (round to nearest even).
+        let wf = f16_round(&reference_rows(ty, &w, rows, cols));
+        for width in MMQ_WIDTHS {
+            // Fewer rows than the variant holds, except at 8, checks the masking.
+            let n = if width == 8 { width } else { width - 3 };
+            let x = rng.vec(n * cols, 1.0);
+            let bias = (ti % 2 == 0).then(|| rng.vec(rows, 1.0));
+            let y0 = (ti % 3 == 1).then(|| rng.vec(n * rows, 1.0));
+            let mut xh = to_half(emu, &x, Half::F16);
+            let (want, mag) = matvec_reference(
+                &wf,
+                &half_values(&xh, Half::F16),
+                rows,
+                cols,
+                n,
+                bias.as_deref(),
+                y0.as_deref(),
+            );
+            let mut wb = w.clone();
+            let mut yb = y0
+                .as_deref()
+                .map(f32_bytes)
+                .unwrap_or_else(|| vec![0; n * rows * 4]);
+            let mut bb = bias.as_deref().map(f32_bytes);
+            let bias_arg = match &mut bb {
+                Some(b) => Arg::Buf(b),
+                None => Arg::Null,
+            };
+            emu.launch(
+                &names::mmq(ty, width),
+                [rows.div_ceil(MMQ_ROWS) as u32, 1, 1],
+                [MMQ_THREADS, 1, 1],
+                &mut [
+                    Arg::Buf(&mut wb),
+                    Arg::Buf(&mut xh),
+                    Arg::Buf(&mut yb),
+                    bias_arg,
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                    Arg::I32(n as i32),
+                    Arg::I32(y0.is_some() as i32),
+                ],
+            )
+            .unwrap();
+            // Exact f16 inputs: only the f32 accumulation differs from the f64 sum.
+            let what = format!("{} n={n}", names::mmq(ty, width));
+            assert_close(&what, &bytes_f32(&yb), &want, &mag, 2e-6);
         }
     }
 }
