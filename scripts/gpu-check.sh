@@ -16,22 +16,26 @@
 #     (exists today) writes a synthetic GGUF.
 #   sparkd gpu-parity --model F --steps 32
 #     prints ONE line of JSON, flat:
-#       {"model":"F","device":"NVIDIA GB10","steps":32,"max_rel_err":0.0003,
-#        "greedy_matched":32,"pass":true}
+#       {"model":"F","device":"NVIDIA GB10","steps":64,"max_rel_err":0.0003,
+#        "greedy_matched":64,"pass":true}
 #     max_rel_err = max over the compared rows of max|gpu - cpu| / max|cpu| (the prompt's
 #     last logits and each decode step; both backends are fed the CPU's greedy tokens so
 #     one flip does not cascade); greedy_matched = steps whose GPU argmax equals the
 #     CPU's (sparkd runs two sequences, 48- and 20-token prompts prefilled together, then
-#     decoded as a batch of two; a step matches when both rows do). Exit 0 when max_rel_err < 1e-2 and greedy_matched == steps, 1 when not,
+#     decoded as a batch of two on the mat-vec; then five, 266 prompt tokens through
+#     the GEMM, decoded on the tensor-core mat-mul: steps counts both runs; a step
+#     matches when all its rows do). Exit 0 when max_rel_err < 1e-2 and greedy_matched == steps, 1 when not,
 #     anything else for errors (no GPU, unsupported model).
 #   sparkd bench --device cuda --model F --batches 1,8,32 --prefill 512,2048 --json
 #     prints JSON lines, one flat object per measurement:
 #       {"kind":"device","name":"NVIDIA GB10","sm":"sm_121","memory_bytes":128000000000}
 #       {"kind":"copy","gb_s":230.5}            device-to-device copy, (read+write)/time
-#       {"kind":"decode","batch":8,"graphs":true,"tok_s":310.2,"gb_s":201.7}
+#       {"kind":"decode","batch":8,"graphs":true,"matmul":"mmq","tok_s":310.2,"gb_s":201.7}
 #                                               gb_s = bytes read per step (weights and
 #                                               KV) / step time; batch 1 comes twice,
-#                                               with and without CUDA graphs
+#                                               with and without CUDA graphs; larger
+#                                               batches twice, on the tensor-core
+#                                               mat-mul (first) and on the mat-vec
 #       {"kind":"prefill","tokens":512,"tok_s":4100.0}
 #
 # Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity]
@@ -121,7 +125,7 @@ if [ "$DO_PARITY" = 1 ]; then
   # K-quants need rows of 256: real 8B shapes, one layer.
   models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
   echo
-  echo "parity: GPU vs CPU logits (max rel err < 1e-2), 32 greedy steps"
+  echo "parity: GPU vs CPU logits (max rel err < 1e-2), 2 x 32 greedy steps"
   printf '  %-24s %12s %8s  %s\n' model "max rel err" greedy result
   for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
@@ -170,6 +174,10 @@ if [ "$DO_BENCH" = 1 ]; then
         pct=$(awk -v g="$gb" -v c="${copy:-0}" 'BEGIN { if (c > 0) printf "(%.0f%% of copy)", 100 * g / c }')
         label="decode batch $(field "$line" batch)"
         [ "$(field "$line" graphs)" = false ] && label="$label, no graphs"
+        # Batches past mmq_min_tokens come twice: the default (tensor-core mat-mul),
+        # then the mat-vec, for the crossover.
+        [ "$(field "$line" batch)" != 1 ] && [ "$(field "$line" matmul)" = mmv ] \
+          && label="$label, mat-vec"
         printf '  %-26s %10.1f tok/s %7.1f GB/s %s\n' "$label" \
           "$(field "$line" tok_s)" "$gb" "$pct" ;;
       prefill)
@@ -180,8 +188,9 @@ if [ "$DO_BENCH" = 1 ]; then
   b1_gb=""; b1_tok=""; b32_tok=""; pf2048=""
   while IFS= read -r line; do
     case "$(field "$line" kind):$(field "$line" batch):$(field "$line" graphs):$(field "$line" tokens)" in
-      decode:1:true:*) b1_gb=$(field "$line" gb_s); b1_tok=$(field "$line" tok_s) ;;
-      decode:32:true:*) b32_tok=$(field "$line" tok_s) ;;
+      # The first line of a batch is the default configuration.
+      decode:1:true:*) [ -n "$b1_gb" ] || { b1_gb=$(field "$line" gb_s); b1_tok=$(field "$line" tok_s); } ;;
+      decode:32:true:*) [ -n "$b32_tok" ] || b32_tok=$(field "$line" tok_s) ;;
       prefill:*:*:2048) pf2048=$(field "$line" tok_s) ;;
     esac
   done < "$WORK/bench.jsonl"

@@ -16,7 +16,7 @@ use crate::backend::parity::{compare, ParityPlan};
 use crate::backend::CpuBackend;
 use crate::bench::{bench_tokens, greedy_decode, prefill_best};
 use crate::cli::{model_path, GpuParityArgs};
-use crate::model::Model;
+use crate::model::{Model, BLOCK_TOKENS};
 use sparkd_kernels::Arch;
 
 /// The GPU `request` names, or the probe's reason why there is none.
@@ -40,9 +40,30 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
     let model = Arc::new(Model::load(&path)?);
     let device_model = Model::load_mapped(&path)?;
     let vocab = model.config.vocab_size;
-    // Two sequences, prefilled together, then batched greedy decode.
-    let prompts = vec![bench_tokens(48, vocab, 1), bench_tokens(20, vocab, 2)];
-    let kv_tokens = 2 * (48 + args.steps + 32);
+    // Two runs, each prefilling its sequences together and then decoding them as a
+    // batch. Two sequences: a 68-row prefill on the tensor-core mat-mul, decode on the
+    // f32 mat-vec. Five: a 266-row prefill on dequantize + GEMM (`gemm_min_tokens` is
+    // 256), decode on the tensor-core mat-mul (`mmq_min_tokens` is 4; the graph pads
+    // five to eight).
+    let lens: [&[usize]; 2] = [&[48, 20], &[120, 64, 33, 9, 40]];
+    let plans = lens.map(|lens| ParityPlan {
+        prompts: lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| bench_tokens(n, vocab, i + 1))
+            .collect(),
+        chunk: usize::MAX,
+        steps: args.steps,
+    });
+    let kv_tokens = lens
+        .iter()
+        .map(|l| {
+            l.iter()
+                .map(|n| n + args.steps + BLOCK_TOKENS)
+                .sum::<usize>()
+        })
+        .max()
+        .unwrap_or(0);
     let threads = args
         .threads
         .unwrap_or_else(crate::backend::cpu::physical_cores);
@@ -56,14 +77,13 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
             ..CudaOptions::default()
         },
     )?;
-    let plan = ParityPlan {
-        prompts,
-        chunk: usize::MAX,
-        steps: args.steps,
+    let mut run = |plan: &ParityPlan| {
+        compare(&mut cpu, &mut gpu, plan, |step, seq, err, a, b| {
+            tracing::debug!(step, seq, err, cpu = a, gpu = b, "parity row");
+        })
     };
-    let report = compare(&mut cpu, &mut gpu, &plan, |step, seq, err, a, b| {
-        tracing::debug!(step, seq, err, cpu = a, gpu = b, "parity row");
-    })?;
+    let [mat_vec, tensor_core] = &plans;
+    let report = run(mat_vec)?.merged(run(tensor_core)?);
     let pass = report.max_rel_err < 1e-2 && report.greedy_matched == report.steps;
     println!(
         "{}",
@@ -135,23 +155,34 @@ pub fn run(
         },
     )?;
     let vocab = model.config.vocab_size;
+    let mmq_min = CudaOptions::default().mmq_min_tokens;
     for &batch in batches {
         let batch = batch.max(1);
         // Batch 1 is where launch overhead shows most: measured without graphs too.
-        let modes: &[bool] = if batch == 1 { &[true, false] } else { &[true] };
-        for &graphs in modes {
+        // Batches on the tensor-core mat-mul are measured on the mat-vec too, which
+        // shows where the crossover (`mmq_min_tokens`) belongs on this device.
+        let mut modes = vec![(true, mmq_min)];
+        if batch == 1 {
+            modes.push((false, mmq_min));
+        } else if batch >= mmq_min {
+            modes.push((true, usize::MAX));
+        }
+        for (graphs, min_rows) in modes {
             b.set_graphs(graphs);
+            b.set_mmq_min_tokens(min_rows);
+            let matmul = if batch >= min_rows { "mmq" } else { "mmv" };
             let run = greedy_decode(&mut b, vocab, batch, prompt, steps)?;
             let secs = run.elapsed.as_secs_f64().max(1e-9);
             let bytes = b.weight_bytes_per_step() * steps as u64
                 + run.kv_positions * b.kv_bytes_per_token() as u64;
             emit(
-                json!({"kind": "decode", "batch": batch, "graphs": graphs, "tok_s": run.tok_s(), "gb_s": bytes as f64 / secs / 1e9}),
+                json!({"kind": "decode", "batch": batch, "graphs": graphs, "matmul": matmul, "tok_s": run.tok_s(), "gb_s": bytes as f64 / secs / 1e9}),
                 json_out,
             );
         }
     }
     b.set_graphs(true);
+    b.set_mmq_min_tokens(mmq_min);
     for &n in prefills {
         let n = n.max(1);
         let best = prefill_best(&mut b, vocab, n, 2)?;

@@ -24,8 +24,17 @@ pub struct CudaOptions {
     /// KV cache positions on the device (rounded up to whole blocks).
     pub kv_tokens: usize,
     /// Steps with at least this many tokens run their matrices through dequantize +
-    /// tensor-core GEMM; smaller ones (decode) through the batched mat-vec.
+    /// tensor-core GEMM (prefill chunks). Below it the tensor-core mat-mul reads each
+    /// quantized weight once per 64 rows, where the GEMM path writes and reads an f16
+    /// copy of every matrix (7x the bytes of a 4.5-bit weight) once per step: 256 puts
+    /// the crossover at about four mat-mul launches (an estimate, not a measurement).
     pub gemm_min_tokens: usize,
+    /// Steps with at least this many tokens (and fewer than `gemm_min_tokens`) run
+    /// their matrices through the tensor-core mat-mul with in-register dequantization;
+    /// smaller ones through the f32 mat-vec. Four: from there the mat-vec's multiplies
+    /// (one FMA and one shared-memory read per weight and row), not the weight reads,
+    /// would bound the step (an estimate from instruction counts, not a measurement).
+    pub mmq_min_tokens: usize,
     /// Largest f16 weight scratch the GEMM path may take; matrices above it (the output
     /// head of a large vocabulary, say) stay on the mat-vec.
     pub gemm_scratch_max_bytes: usize,
@@ -39,7 +48,8 @@ impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
             kv_tokens: 16 * 1024,
-            gemm_min_tokens: 64,
+            gemm_min_tokens: 256,
+            mmq_min_tokens: 4,
             gemm_scratch_max_bytes: 512 << 20,
             graphs: true,
             kv_type: KvType::F16,
@@ -188,6 +198,16 @@ impl<G: Gpu> CudaBackend<G> {
     pub fn set_graphs(&mut self, on: bool) {
         self.opts.graphs = on;
         if !on {
+            self.graphs.clear(&mut self.gpu);
+        }
+    }
+
+    /// Sets [`CudaOptions::mmq_min_tokens`] (`usize::MAX`: the mat-vec for every decode
+    /// batch), for benchmarks that compare the two. Captured graphs hold the old
+    /// kernels, so they go.
+    pub fn set_mmq_min_tokens(&mut self, rows: usize) {
+        if self.opts.mmq_min_tokens != rows {
+            self.opts.mmq_min_tokens = rows;
             self.graphs.clear(&mut self.gpu);
         }
     }

@@ -1,8 +1,8 @@
 //! The CUDA forward step, written once against [`Gpu`]: the same sequence of
 //! operations as the CPU forward (`model/forward.rs`), as kernel launches.
 //!
-//! embedding → per layer: RMSNorm → q, k, v (mat-vec, or dequantize + GEMM for large
-//! steps; Qwen2's biases fused in) → Qwen3's per-head q/k RMSNorm → RoPE → KV write
+//! embedding → per layer: RMSNorm → q, k, v ([`Matmul`]: the mat-vec, the tensor-core
+//! mat-mul or dequantize + GEMM, by the step's rows; Qwen2's biases fused in) → Qwen3's per-head q/k RMSNorm → RoPE → KV write
 //! into the paged cache → attention (split-K decode when every sequence brings one
 //! token, else the causal prefill kernel) → output projection with the residual add
 //! fused → RMSNorm → gate, up → SwiGLU → down with the residual fused → final RMSNorm of
@@ -28,6 +28,31 @@ use super::weights::DevMatrix;
 use crate::model::config::RopeStyle;
 use crate::model::{SeqInput, BLOCK_TOKENS};
 
+/// Which kernels multiply activations by a weight matrix, chosen by the number of rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Matmul {
+    /// The CUDA-core mat-vec in f32: a few rows, where reading the weights is the cost.
+    MatVec,
+    /// Weights dequantized in registers into tensor-core tiles (`ops::mmq`): decode
+    /// batches, where the mat-vec's per-row multiplies would be the cost.
+    TensorCore,
+    /// The whole matrix dequantized to f16, then the tiled GEMM (`ops::gemm`): prefill
+    /// chunks, where the dequantization is shared by many rows.
+    Gemm,
+}
+
+impl Matmul {
+    fn for_rows(rows: usize, opts: &super::CudaOptions) -> Matmul {
+        if rows >= opts.gemm_min_tokens.max(1) {
+            Matmul::Gemm
+        } else if rows >= opts.mmq_min_tokens.max(1) {
+            Matmul::TensorCore
+        } else {
+            Matmul::MatVec
+        }
+    }
+}
+
 /// What a step computes, decided from the batch before anything is launched. In a
 /// graph step the counts are padded to the graph's shape.
 #[derive(Debug, Clone)]
@@ -40,7 +65,8 @@ struct StepShape {
     max_blocks: usize,
     /// Every sequence brings one token: split-K decode attention.
     decode: bool,
-    use_gemm: bool,
+    /// How the layer matrices are multiplied (`rows` decides).
+    matmul: Matmul,
     /// Most tokens one sequence brings (the prefill attention's grid).
     max_q: usize,
     logit_rows: LogitRows,
@@ -75,7 +101,6 @@ impl StepShape {
             .max(1);
         let n_splits = max_len.div_ceil(ATTN_PARTITION).max(1);
         let download_rows = batch.iter().filter(|s| s.want_logits).count();
-        let use_gemm = |rows: usize| rows >= opts.gemm_min_tokens.max(1);
         if graphs && decode && download_rows == batch.len() && batch.len() <= MAX_GRAPH_SEQS {
             let key = GraphKey {
                 seqs: batch.len().next_power_of_two(),
@@ -88,7 +113,7 @@ impl StepShape {
                 n_splits: key.n_splits,
                 max_blocks: key.max_blocks,
                 decode,
-                use_gemm: use_gemm(key.seqs),
+                matmul: Matmul::for_rows(key.seqs, opts),
                 max_q: 1,
                 logit_rows: LogitRows::All,
                 download_rows,
@@ -115,7 +140,7 @@ impl StepShape {
             n_splits,
             max_blocks,
             decode,
-            use_gemm: use_gemm(rows),
+            matmul: Matmul::for_rows(rows, opts),
             max_q: batch.iter().map(|s| s.tokens.len()).max().unwrap_or(1),
             logit_rows,
             download_rows,
@@ -209,8 +234,10 @@ struct StepBufs {
     part_o: Buf,
     part_ml: Buf,
     meta: Buf,
-    /// f16 activations and weights of the GEMM path, when the step takes it.
-    gemm: Option<(Buf, Buf)>,
+    /// f16 activations of the tensor-core paths, when the step takes one.
+    a16: Option<Buf>,
+    /// f16 weights of the GEMM path, when the step takes it.
+    w16: Option<Buf>,
 }
 
 impl StepBufs {
@@ -230,9 +257,8 @@ impl StepBufs {
             self.part_ml,
             self.meta,
         ];
-        if let Some((a16, w16)) = self.gemm {
-            v.extend([a16, w16]);
-        }
+        v.extend(self.a16);
+        v.extend(self.w16);
         v
     }
 }
@@ -259,7 +285,7 @@ impl<G: Gpu> CudaBackend<G> {
             None => self.encode(&shape, &meta, &bufs)?,
         }
         let elapsed = self.gpu.step_end()?;
-        if shape.use_gemm {
+        if shape.matmul == Matmul::Gemm {
             self.gemm_steps += 1;
         }
         self.fetch_logits(shape.download_rows)?;
@@ -276,8 +302,13 @@ impl<G: Gpu> CudaBackend<G> {
         let g = &mut self.gpu;
         let sc = &mut self.scratch;
         let f = 4; // bytes per f32
-        let gemm = if shape.use_gemm {
-            let max_cols = d.max(q_dim).max(ffn);
+                   // Every matrix's input (the head's d_model included) fits `max_cols` a row.
+        let max_cols = d.max(q_dim).max(ffn);
+        let a16 = match shape.matmul {
+            Matmul::MatVec => None,
+            _ => Some(ensure(g, &mut sc.a16, n * max_cols * 2, "f16 activations")?),
+        };
+        let w16 = if shape.matmul == Matmul::Gemm {
             let max_elems = self
                 .w
                 .layers
@@ -287,9 +318,7 @@ impl<G: Gpu> CudaBackend<G> {
                 .max()
                 .unwrap_or(0);
             let w_bytes = (max_elems * 2).min(self.opts.gemm_scratch_max_bytes);
-            let a16 = ensure(g, &mut sc.a16, n * max_cols * 2, "GEMM activations")?;
-            let w16 = ensure(g, &mut sc.w16, w_bytes, "GEMM weights")?;
-            Some((a16, w16))
+            Some(ensure(g, &mut sc.w16, w_bytes, "GEMM weights")?)
         } else {
             None
         };
@@ -312,7 +341,8 @@ impl<G: Gpu> CudaBackend<G> {
                 "attention split maxima",
             )?,
             meta: ensure(g, &mut sc.meta, meta.words * 4, "step tables")?,
-            gemm,
+            a16,
+            w16,
         })
     }
 
@@ -362,11 +392,13 @@ impl<G: Gpu> CudaBackend<G> {
         let (n, d, ffn) = (shape.rows, cfg.d_model, cfg.ffn_dim);
         let (kv_dim, hd) = (cfg.kv_dim(), cfg.head_dim);
         let f = 4; // bytes per f32
+        let opts = &self.opts;
         let g = &mut self.gpu;
         let at = |off: usize| b.meta.at(off * 4);
 
-        // y = x W^T (+ bias) (+ y): the GEMM when the step is large and the matrix's f16
-        // copy fits the scratch, else the mat-vec.
+        // y = x W^T (+ bias) (+ y), by `Matmul::for_rows`; a matrix whose f16 copy does
+        // not fit the GEMM scratch (a large vocabulary's head) takes the tensor-core
+        // mat-mul instead.
         let matmul = |g: &mut G,
                       w: &DevMatrix,
                       x: DevPtr,
@@ -375,9 +407,12 @@ impl<G: Gpu> CudaBackend<G> {
                       bias: Option<Buf>,
                       acc: bool|
          -> Result<(), GpuError> {
-            match b.gemm {
-                Some((a16, w16)) if w.rows * w.cols * 2 <= w16.bytes => {
+            match (Matmul::for_rows(rows, opts), b.a16, b.w16) {
+                (Matmul::Gemm, Some(a16), Some(w16)) if w.rows * w.cols * 2 <= w16.bytes => {
                     ops::gemm(g, w, x, y, rows, bias, acc, a16, w16)
+                }
+                (Matmul::Gemm | Matmul::TensorCore, Some(a16), _) => {
+                    ops::mmq(g, w, x, y, rows, bias, acc, a16)
                 }
                 _ => ops::matvec(g, w, x, y, rows, bias, acc),
             }
@@ -500,10 +535,10 @@ impl<G: Gpu> CudaBackend<G> {
         }
         let head_rows = shape.head_rows();
         if head_rows > 0 {
-            // The head stays on the mat-vec: few rows, and its f16 copy would be the
-            // largest scratch of all.
+            // The head is the largest matrix: a decode batch reads it once through the
+            // tensor-core mat-mul rather than once per 16 rows through the mat-vec.
             let (last, logits) = (b.last.ptr(), b.logits.ptr());
-            ops::matvec(g, &self.w.output, last, logits, head_rows, None, false)?;
+            matmul(g, &self.w.output, last, logits, head_rows, None, false)?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 
 use sparkd_kernels::consts::{
     ATTN_DECODE_THREADS, ATTN_PREFILL_QUERIES, ATTN_PREFILL_THREADS, GEMM_THREADS, GEMM_TILE,
-    MMV_MAX_BATCH, MMV_ROWS_PER_BLOCK, MMV_THREADS,
+    MMQ_MAX_TOKENS, MMQ_ROWS, MMQ_THREADS, MMV_MAX_BATCH, MMV_ROWS_PER_BLOCK, MMV_THREADS,
 };
 use sparkd_kernels::names::{self, Half, KvType};
 
@@ -106,6 +106,49 @@ pub fn matvec(
             ],
         )?;
         row += nb;
+    }
+    Ok(())
+}
+
+/// `y = x W^T (+ bias) (+ y)` on the tensor cores with the weights dequantized in
+/// registers: `x` converted to f16 into `a16` (at least `n * w.cols` halves), then one
+/// launch per `MMQ_MAX_TOKENS` rows, each reading every weight once.
+#[allow(clippy::too_many_arguments)]
+pub fn mmq(
+    gpu: &mut dyn Gpu,
+    w: &DevMatrix,
+    x: DevPtr,
+    y: DevPtr,
+    n: usize,
+    bias: Option<Buf>,
+    accumulate: bool,
+    a16: Buf,
+) -> Result<(), GpuError> {
+    let count = n * w.cols;
+    gpu.launch(
+        &names::convert_from_f32(Half::F16),
+        Launch::linear(stride_blocks(count), EW_THREADS),
+        &[KArg::Ptr(x), KArg::Ptr(a16.ptr()), KArg::I64(count as i64)],
+    )?;
+    let mut row = 0;
+    while row < n {
+        let nt = (n - row).min(MMQ_MAX_TOKENS);
+        let width = names::mmq_variant(nt).unwrap_or(MMQ_MAX_TOKENS);
+        gpu.launch(
+            &names::mmq(w.ty, width),
+            Launch::linear(w.rows.div_ceil(MMQ_ROWS), MMQ_THREADS),
+            &[
+                KArg::Ptr(w.buf.ptr()),
+                KArg::Ptr(a16.at(row * w.cols * 2)),
+                KArg::Ptr(y.offset_by(row * w.rows * 4)),
+                bias.map_or(KArg::Null, |b| KArg::Ptr(b.ptr())),
+                i32_arg(w.rows),
+                i32_arg(w.cols),
+                i32_arg(nt),
+                KArg::I32(accumulate as i32),
+            ],
+        )?;
+        row += nt;
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! CPU) on tiny synthetic models, compared with the CPU forward: every weight format
 //! the synthetic models come in, Qwen2's biases, Qwen3's q/k norm, prefill chunks of
 //! several sequences (through dequantize + GEMM and through the mat-vec), mixed
-//! prefill/decode steps and batched decode over paged KV with a shuffled block pool.
+//! prefill/decode steps and batched decode (through the tensor-core mat-mul, and the
+//! mat-vec) over paged KV with a shuffled block pool.
 //! Skipped, with a message, only when no C++ compiler is present.
 
 use std::path::Path;
@@ -136,6 +137,18 @@ fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) -> 
     Some(gpu.into_gpu())
 }
 
+/// Launches of the kernels whose names start with `prefix`.
+fn launched(emu: &EmuGpu, prefix: &str) -> u64 {
+    emu.profile()
+        .iter()
+        .filter(|(k, _, _)| k.starts_with(prefix))
+        .map(|(_, n, _)| *n)
+        .sum()
+}
+
+/// Steps of `gemm_min_tokens` rows or more take the GEMM; decode batches from
+/// `mmq_min_tokens` (4, the default: three sequences make a graph of four) the
+/// tensor-core mat-mul.
 fn opts(gemm_min_tokens: usize) -> CudaOptions {
     CudaOptions {
         kv_tokens: 1024,
@@ -168,14 +181,22 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q4_0_two_layers() {
 
 #[test]
 fn emulated_cuda_forward_matches_the_cpu_llama_q4_1_matvec_only() {
-    // No GEMM: the prefill chunks go through the mat-vec, 16 rows a launch.
+    // No tensor cores: the prefill chunks go through the mat-vec, 16 rows a launch.
     let s = one_layer(spec(Arch::Llama, GgmlType::Q4_1));
     let p = ParityPlan {
         prompts: vec![prompt(18, 4, s.vocab_size), prompt(3, 5, s.vocab_size)],
         chunk: 16,
         steps: 3,
     };
-    check("llama Q4_1", &s, &p, opts(usize::MAX));
+    let matvec_only = CudaOptions {
+        mmq_min_tokens: usize::MAX,
+        ..opts(usize::MAX)
+    };
+    let emu = check("llama Q4_1", &s, &p, matvec_only);
+    if let Some(emu) = emu {
+        assert!(launched(&emu, "mmv_q4_1_b16") > 0);
+        assert_eq!(launched(&emu, "mmq_"), 0);
+    }
 }
 
 #[test]
@@ -193,7 +214,14 @@ fn emulated_cuda_forward_matches_the_cpu_llama_f16() {
 #[test]
 fn emulated_cuda_forward_matches_the_cpu_llama_q4_k() {
     let s = one_layer(spec(Arch::Llama, GgmlType::Q4_K));
-    check("llama Q4_K", &s, &plan(s.vocab_size, 4), opts(8));
+    let emu = check("llama Q4_K", &s, &plan(s.vocab_size, 4), opts(8));
+    if let Some(emu) = emu {
+        // Prefill chunks on the GEMM, the batched decode (layers and head) on the
+        // tensor-core mat-mul, the single rows of the head's prefill on the mat-vec.
+        assert!(launched(&emu, "gemm_f16") > 0);
+        assert!(launched(&emu, "mmq_q4_k_n8") > 0);
+        assert!(launched(&emu, "mmv_") > 0);
+    }
 }
 
 #[test]
@@ -227,16 +255,23 @@ fn emulated_cuda_graphs_replay_decode_exactly_as_launch_by_launch() {
     };
     let s = one_layer(spec(Arch::Llama, GgmlType::Q4_0));
     let (_, dev_model) = model(&s);
+    // The tensor-core mat-mul from two rows, so that three sequences (eager) and their
+    // graph of four take the same kernels: its columns are independent, so padding
+    // changes nothing. (With the default of four, eager would take the mat-vec.)
+    let both = CudaOptions {
+        mmq_min_tokens: 2,
+        ..opts(8)
+    };
     let mut eager = CudaBackend::new(
         &dev_model,
         emu_a,
         CudaOptions {
             graphs: false,
-            ..opts(8)
+            ..both.clone()
         },
     )
     .expect("upload");
-    let mut graphed = CudaBackend::new(&dev_model, emu_b, opts(8)).expect("upload");
+    let mut graphed = CudaBackend::new(&dev_model, emu_b, both).expect("upload");
     graphed.pool.shuffle_free_list(3);
 
     let first = plan(s.vocab_size, 7);
