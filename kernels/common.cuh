@@ -30,11 +30,9 @@ typedef long long i64;
 #define SPARKD_KV_BLOCK_TOKENS 16
 // Largest batch the decode matrix-vector kernels keep in registers.
 #define SPARKD_MMV_MAX_BATCH 16
-// Elements of the activation rows staged in shared memory per step of the mat-vec.
-#define SPARKD_MMV_TILE 512
-// Warps per block and weight rows per warp of the mat-vec kernels.
+// Warps per block (splitting K) and weight rows per block of the mat-vec kernels.
 #define SPARKD_MMV_WARPS 8
-#define SPARKD_MMV_ROWS_PER_WARP 2
+#define SPARKD_MMV_ROWS 4
 // Warps per block (splitting K) and weight rows per block of the tensor-core mat-mul.
 #define SPARKD_MMQ_WARPS 8
 #define SPARKD_MMQ_ROWS 16
@@ -111,6 +109,45 @@ static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(SPARKD_FULL_MASK, v, o);
     return v;
+}
+
+// Sums each of the V values of `v` (V a power of two) over the warp's 32 lanes with
+// about V shuffles in all, where V warp_sums take 5V: at each halving step a lane keeps
+// one half of its values, sends the other half to its partner and adds what it gets.
+// Afterwards lane l holds max(V / 32, 1) totals: v[j] is the total of value index
+// warp_split_index<V>(l, j). With V < 32, the 32 / V lanes l, l + 1, ... (l a multiple
+// of 32 / V) hold the same total.
+template <int V, int S = 0>
+static __device__ __forceinline__ void warp_sum_split(float (&v)[V]) {
+    static_assert(V > 0 && (V & (V - 1)) == 0, "a power of two");
+    // Step S pairs lanes 16 >> S apart; c: the values each lane still holds. The steps
+    // are a template recursion so that every register index is a constant.
+    constexpr int o = 16 >> S, c = V >> S;
+    const int lane = threadIdx.x & 31;
+    if constexpr (c >= 2) {
+        const bool upper = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < c / 2; ++i) {
+            const float send = upper ? v[i] : v[i + c / 2];
+            const float keep = upper ? v[i + c / 2] : v[i];
+            v[i] = keep + __shfl_xor_sync(SPARKD_FULL_MASK, send, o);
+        }
+    } else {
+        v[0] += __shfl_xor_sync(SPARKD_FULL_MASK, v[0], o);
+    }
+    if constexpr (S < 4) warp_sum_split<V, S + 1>(v);
+}
+
+// The value index whose total warp_sum_split<V> left in v[j] of lane `lane`.
+template <int V>
+static __device__ __forceinline__ int warp_split_index(int lane, int j) {
+    int index = j;
+#pragma unroll
+    for (int s = 0; s < 5; ++s) {
+        const int c = V >> s;
+        if (c >= 2 && (lane & (16 >> s)) != 0) index += c / 2;
+    }
+    return index;
 }
 
 static __device__ __forceinline__ float warp_max(float v) {

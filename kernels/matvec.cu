@@ -13,32 +13,41 @@
 //           (+ bias[r] when bias is not null) (+ the old y[b][r] when accumulate != 0,
 //           which fuses the residual add of the attention output and FFN down matrices)
 //   cols  : a multiple of the format's block size (32 legacy, 256 K-quants) and of 8
-//   grid  : (ceil(rows / (SPARKD_MMV_WARPS * SPARKD_MMV_ROWS_PER_WARP))) = rows / 16
-//   block : SPARKD_MMV_WARPS * 32 = 256 threads; static shared memory NB * 2 KiB
+//   grid  : (ceil(rows / SPARKD_MMV_ROWS)); block: SPARKD_MMV_WARPS * 32 = 256 threads;
+//           static shared memory SPARKD_MMV_WARPS * SPARKD_MMV_ROWS * NB * 4 bytes
 //
 // Design: decode is bound by reading the weights, so each weight is read from memory
-// exactly once per step whatever the batch: a warp owns SPARKD_MMV_ROWS_PER_WARP rows,
-// its lanes walk the rows in groups of eight weights (quant.cuh dq8), dequantize each
-// group once into registers and multiply it into all NB activation rows, keeping NB
-// partial sums per row in registers. The activations are staged in shared memory in
-// SPARKD_MMV_TILE-element slices that every warp of the block reuses. Partial sums are
-// reduced across the warp with shuffles at the end.
+// exactly once per step whatever the batch, and the kernel's job is to keep enough
+// bytes in flight to cover DRAM latency (about 3 MB across an H200). A block owns
+// SPARKD_MMV_ROWS rows and its warps split K: warp w takes groups of eight weights
+// (quant.cuh dq8) 32w + lane, 32w + lane + 256, ... of every one of its rows, so the
+// block streams its rows front to back and a warp has only cols / 2048 steps to take,
+// each with SPARKD_MMV_ROWS independent weight loads (two steps unrolled). Each group
+// is dequantized once into registers and multiplied into all NB activation rows; the
+// activations come straight from global memory (L1/L2: every block reads the same
+// few KiB), each load serving all of the block's rows, so the cache traffic per weight
+// is 4 / SPARKD_MMV_ROWS bytes per activation row. Partial sums are reduced across the
+// warp with shuffles (warp_sum_split: about one per sum), then across the warps through
+// shared memory in a fixed order.
 #include "quant.cuh"
 
 template <int T, int NB>
 static __device__ void mmv(const u8* __restrict__ w, const float* __restrict__ x,
                            float* __restrict__ y, const float* __restrict__ bias, int rows,
                            int cols, int nb, int accumulate) {
-    constexpr int TILE = SPARKD_MMV_TILE;
-    constexpr int ROWS = SPARKD_MMV_ROWS_PER_WARP;
-    static_assert(TILE % 256 == 0, "a tile holds whole K-quant super-blocks");
-    __shared__ float4 xs4[NB * TILE / 4];
-    const float* xs = (const float*)xs4;
+    constexpr int WARPS = SPARKD_MMV_WARPS;
+    constexpr int ROWS = SPARKD_MMV_ROWS;
+    __shared__ float part[WARPS][ROWS * NB];
 
     nb = nb < NB ? nb : NB;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * SPARKD_MMV_WARPS + warp) * ROWS;
+    const int row0 = blockIdx.x * ROWS;
     const u64 rb = row_bytes<T>(cols);
+    // Rows past the end read the last row again; their sums are never written.
+    const u8* wr[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        wr[r] = w + (u64)(row0 + r < rows ? row0 + r : rows - 1) * rb;
 
     float acc[ROWS][NB];
 #pragma unroll
@@ -46,67 +55,56 @@ static __device__ void mmv(const u8* __restrict__ w, const float* __restrict__ x
 #pragma unroll
         for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
 
-    for (int k0 = 0; k0 < cols; k0 += TILE) {
-        const int len = cols - k0 < TILE ? cols - k0 : TILE;
-        __syncthreads();  // the previous slice is no longer being read
-        for (int i = threadIdx.x; i < NB * (TILE / 4); i += blockDim.x) {
-            const int b = i / (TILE / 4), j = 4 * (i % (TILE / 4));
-            xs4[i] = b < nb && j < len ? *(const float4*)(x + (u64)b * cols + k0 + j)
-                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        __syncthreads();
-        const int groups = len / 8;
-        // The row loop sits inside the group loop so that each activation read from
-        // shared memory serves all of the warp's rows: shared-memory bandwidth, not
-        // DRAM, would otherwise bound the larger batches. Each (row, batch) sum still
-        // takes its terms in the same order.
-        for (int gl = lane; row0 < rows && gl < groups; gl += 32) {
-            float wv[ROWS][8];
-            int e0 = 0, e1 = 0;
+    const int groups = cols / 8;
+#pragma unroll 2
+    for (int g = warp * 32 + lane; g < groups; g += WARPS * 32) {
+        float wv[ROWS][8];
+        int e0 = 0, e1 = 0;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) dq8<T>(wr[r], g, wv[r], e0, e1);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            if (b >= nb) break;  // uniform
+            const float4 a = *(const float4*)(x + (u64)b * cols + e0);
+            const float4 c = *(const float4*)(x + (u64)b * cols + e1);
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
-                if (row0 + r < rows) {  // warp-uniform
-                    dq8<T>(w + (u64)(row0 + r) * rb, k0 / 8 + gl, wv[r], e0, e1);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) wv[r][i] = 0.0f;
-                }
-            }
-            e0 -= k0;
-            e1 -= k0;
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                const float4 a = *(const float4*)(xs + b * TILE + e0);
-                const float4 c = *(const float4*)(xs + b * TILE + e1);
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    float s = acc[r][b];
-                    s = fmaf(wv[r][0], a.x, s);
-                    s = fmaf(wv[r][1], a.y, s);
-                    s = fmaf(wv[r][2], a.z, s);
-                    s = fmaf(wv[r][3], a.w, s);
-                    s = fmaf(wv[r][4], c.x, s);
-                    s = fmaf(wv[r][5], c.y, s);
-                    s = fmaf(wv[r][6], c.z, s);
-                    s = fmaf(wv[r][7], c.w, s);
-                    acc[r][b] = s;
-                }
+                float s = acc[r][b];
+                s = fmaf(wv[r][0], a.x, s);
+                s = fmaf(wv[r][1], a.y, s);
+                s = fmaf(wv[r][2], a.z, s);
+                s = fmaf(wv[r][3], a.w, s);
+                s = fmaf(wv[r][4], c.x, s);
+                s = fmaf(wv[r][5], c.y, s);
+                s = fmaf(wv[r][6], c.z, s);
+                s = fmaf(wv[r][7], c.w, s);
+                acc[r][b] = s;
             }
         }
     }
 
+    constexpr int V = ROWS * NB;
+    float sums[V];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        const int row = row0 + r;
+    for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            const float v = warp_sum(acc[r][b]);
-            if (lane == 0 && row < rows && b < nb) {
-                float* dst = y + (u64)b * rows + row;
-                const float out = v + (bias ? bias[row] : 0.0f);
-                *dst = accumulate ? *dst + out : out;
-            }
-        }
+        for (int b = 0; b < NB; ++b) sums[r * NB + b] = acc[r][b];
+    warp_sum_split(sums);
+    constexpr int HELD = V >= 32 ? V / 32 : 1;
+    if (V >= 32 || lane % (32 / V) == 0) {
+#pragma unroll
+        for (int j = 0; j < HELD; ++j) part[warp][warp_split_index<V>(lane, j)] = sums[j];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
+        const int r = i / NB, b = i % NB, row = row0 + r;
+        if (row >= rows || b >= nb) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int wp = 0; wp < WARPS; ++wp) s += part[wp][i];
+        float* dst = y + (u64)b * rows + row;
+        const float out = s + (bias ? bias[row] : 0.0f);
+        *dst = accumulate ? *dst + out : out;
     }
 }
 

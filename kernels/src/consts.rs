@@ -5,12 +5,8 @@
 pub const KV_BLOCK_TOKENS: usize = 16;
 /// Largest batch one decode mat-vec launch handles.
 pub const MMV_MAX_BATCH: usize = 16;
-/// Activation elements staged in shared memory per step of the mat-vec.
-pub const MMV_TILE: usize = 512;
-/// Warps per block of the mat-vec kernels.
+/// Warps per block of the mat-vec kernels (they split K).
 pub const MMV_WARPS: usize = 8;
-/// Weight rows per warp of the mat-vec kernels.
-pub const MMV_ROWS_PER_WARP: usize = 2;
 /// Most activation rows one tensor-core mat-mul (`mmq`) launch handles.
 pub const MMQ_MAX_TOKENS: usize = 64;
 /// Warps per block of the `mmq` kernels (they split K).
@@ -27,7 +23,7 @@ pub const MAX_GQA_GROUP: usize = 16;
 pub const MAX_HEAD_DIM: usize = 256;
 
 /// Weight rows one mat-vec block covers: the grid is `rows.div_ceil(MMV_ROWS_PER_BLOCK)`.
-pub const MMV_ROWS_PER_BLOCK: usize = MMV_WARPS * MMV_ROWS_PER_WARP;
+pub const MMV_ROWS_PER_BLOCK: usize = 4;
 /// Threads per mat-vec block.
 pub const MMV_THREADS: u32 = (MMV_WARPS * 32) as u32;
 /// Output tile and threads of the prefill GEMM: grid `(n.div_ceil(128), m.div_ceil(128))`.
@@ -59,9 +55,8 @@ mod tests {
         for (name, value) in [
             ("SPARKD_KV_BLOCK_TOKENS", KV_BLOCK_TOKENS),
             ("SPARKD_MMV_MAX_BATCH", MMV_MAX_BATCH),
-            ("SPARKD_MMV_TILE", MMV_TILE),
             ("SPARKD_MMV_WARPS", MMV_WARPS),
-            ("SPARKD_MMV_ROWS_PER_WARP", MMV_ROWS_PER_WARP),
+            ("SPARKD_MMV_ROWS", MMV_ROWS_PER_BLOCK),
             ("SPARKD_MMQ_WARPS", MMQ_WARPS),
             ("SPARKD_MMQ_ROWS", MMQ_ROWS),
             ("SPARKD_ATTN_PARTITION", ATTN_PARTITION),

@@ -229,6 +229,47 @@ fn matvec_matches_the_dequantized_product_for_every_format_and_batch_variant() {
 }
 
 #[test]
+fn matvec_walks_long_rows_in_several_strides_per_warp() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(7);
+    // 576 groups of eight: the block's 256 lanes stride over them two or three times
+    // (the loop is unrolled by two, so both the pairs and the odd step run).
+    let (rows, cols) = (6, 4608);
+    for ty in [
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+        WeightType::Q8_0,
+        WeightType::BF16,
+    ] {
+        let w = random_weights(ty, rows, cols, &mut rng);
+        let wf = reference_rows(ty, &w, rows, cols);
+        for (nb_max, nb) in [(1, 1), (4, 3)] {
+            let x = rng.vec(nb * cols, 1.0);
+            let (want, mag) = matvec_reference(&wf, &x, rows, cols, nb, None, None);
+            let mut yb = vec![0; nb * rows * 4];
+            emu.launch(
+                &names::mmv(ty, nb_max),
+                [rows.div_ceil(MMV_ROWS_PER_BLOCK) as u32, 1, 1],
+                [MMV_THREADS, 1, 1],
+                &mut [
+                    Arg::Buf(&mut w.clone()),
+                    Arg::Buf(&mut f32_bytes(&x)),
+                    Arg::Buf(&mut yb),
+                    Arg::Null,
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                    Arg::I32(nb as i32),
+                    Arg::I32(0),
+                ],
+            )
+            .unwrap();
+            let what = format!("{} nb={nb} cols={cols}", names::mmv(ty, nb_max));
+            assert_close(&what, &bytes_f32(&yb), &want, &mag, 1e-5);
+        }
+    }
+}
+
+#[test]
 fn tensor_core_matmul_matches_the_f16_rounded_product_for_every_format_and_width() {
     let Some(emu) = emulator() else { return };
     let mut rng = Rng::new(6);
