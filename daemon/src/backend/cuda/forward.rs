@@ -2,11 +2,12 @@
 //! operations as the CPU forward (`model/forward.rs`), as kernel launches.
 //!
 //! embedding → per layer: RMSNorm → q, k, v ([`Matmul`]: the mat-vec, the tensor-core
-//! mat-mul or dequantize + GEMM, by the step's rows; Qwen2's biases fused in) → Qwen3's per-head q/k RMSNorm → RoPE → KV write
-//! into the paged cache → attention (split-K decode when every sequence brings one
-//! token, else the causal prefill kernel) → output projection with the residual add
-//! fused → RMSNorm → gate, up → SwiGLU → down with the residual fused → final RMSNorm of
-//! the rows that want logits → output head → logits downloaded.
+//! mat-mul or dequantize + GEMM, by the step's rows; Qwen2's biases fused in) → Qwen3's
+//! per-head q/k RMSNorm → RoPE → KV write into the paged cache → attention (split-K
+//! decode when every sequence brings one token, else the causal prefill kernel) →
+//! output projection with the residual add fused → RMSNorm → gate, up → SwiGLU → down
+//! with the residual fused → final RMSNorm of the rows that want logits → output head
+//! → logits downloaded.
 //!
 //! The host uploads one small table per step (token ids, positions, cache slots, block
 //! tables, per-sequence lengths), so each step costs one host-to-device copy and one
@@ -302,7 +303,8 @@ impl<G: Gpu> CudaBackend<G> {
         let g = &mut self.gpu;
         let sc = &mut self.scratch;
         let f = 4; // bytes per f32
-                   // Every matrix's input (the head's d_model included) fits `max_cols` a row.
+
+        // Every matrix's input (the head's d_model included) fits `max_cols` a row.
         let max_cols = d.max(q_dim).max(ffn);
         let a16 = match shape.matmul {
             Matmul::MatVec => None,
