@@ -61,8 +61,14 @@ impl MatrixRef {
     /// mapping, where a later read faults the bytes back in: a private copy would read
     /// zeros, and the CPU may still use a model loaded that way.
     pub fn release_file_pages(&self, file: &GgufFile) {
-        if file.is_mapped() {
-            file.release_pages(self.offset, self.len);
+        self.release_file_range(file, 0, self.len);
+    }
+
+    /// [`Self::release_file_pages`] for bytes `start..start + len` of the tensor (the
+    /// whole pages inside them).
+    pub fn release_file_range(&self, file: &GgufFile, start: usize, len: usize) {
+        if file.is_mapped() && start.saturating_add(len) <= self.len {
+            file.release_pages(self.offset + start, len);
         }
     }
 

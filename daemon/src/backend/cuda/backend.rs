@@ -42,6 +42,9 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Element type of the device KV cache.
     pub kv_type: KvType,
+    /// Weights go up from the file in chunks of this many bytes, each chunk's pages of
+    /// the mapping given back after it: the host's peak during the upload.
+    pub upload_chunk_bytes: usize,
 }
 
 impl Default for CudaOptions {
@@ -53,6 +56,7 @@ impl Default for CudaOptions {
             gemm_scratch_max_bytes: 512 << 20,
             graphs: true,
             kv_type: KvType::F16,
+            upload_chunk_bytes: 64 << 20,
         }
     }
 }
@@ -123,7 +127,7 @@ impl<G: Gpu> CudaBackend<G> {
     /// Uploads `model`'s weights to `gpu` and allocates the KV cache there.
     pub fn new(model: &Model, mut gpu: G, opts: CudaOptions) -> Result<Self, GpuError> {
         let cfg = model.config.clone();
-        let w = DevWeights::upload(&mut gpu, model)?;
+        let w = DevWeights::upload(&mut gpu, model, opts.upload_chunk_bytes)?;
         let pool = BlockPool::for_tokens(opts.kv_tokens.max(BLOCK_TOKENS));
         let kv_bytes =
             cfg.n_layers * pool.total_blocks() * BLOCK_TOKENS * cfg.kv_dim() * opts.kv_type.bytes();

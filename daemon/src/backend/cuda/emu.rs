@@ -32,6 +32,8 @@ pub struct EmuGpu {
     /// The launches recorded since `capture_begin`, while capturing.
     capturing: Option<Vec<Recorded>>,
     graphs: Vec<Option<Vec<Recorded>>>,
+    /// Called after each host-to-device copy (tests watch the host's memory with it).
+    upload_probe: Option<Box<dyn FnMut() + Send>>,
 }
 
 struct Recorded {
@@ -51,6 +53,7 @@ impl EmuGpu {
             profile: HashMap::new(),
             capturing: None,
             graphs: Vec::new(),
+            upload_probe: None,
         })
     }
 
@@ -60,6 +63,11 @@ impl EmuGpu {
     }
 
     /// Launch count and emulator time per kernel, most time first.
+    /// Runs `probe` after every host-to-device copy from now on.
+    pub fn probe_uploads(&mut self, probe: impl FnMut() + Send + 'static) {
+        self.upload_probe = Some(Box::new(probe));
+    }
+
     pub fn profile(&self) -> Vec<(String, u64, Duration)> {
         let mut v: Vec<_> = self
             .profile
@@ -116,6 +124,9 @@ impl Gpu for EmuGpu {
         self.buf(dst, src.len())?;
         if let Some(Some(b)) = self.bufs.get_mut(dst.buf.id as usize) {
             b[dst.offset..dst.offset + src.len()].copy_from_slice(src);
+        }
+        if let Some(probe) = &mut self.upload_probe {
+            probe();
         }
         Ok(())
     }

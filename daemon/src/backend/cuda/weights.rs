@@ -72,11 +72,16 @@ pub fn check_config(cfg: &ModelConfig) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// Uploads one weight matrix from the model file in chunks of `chunk` bytes, each
+/// chunk's pages of the mapping (and their page cache) given back once it is up: the
+/// host holds about one chunk of the model at a time, not a tensor (an 8B model's
+/// output head is 430 MB), let alone the model (on GB10 host and device share memory).
 fn upload_matrix(
     gpu: &mut dyn Gpu,
     model: &Model,
     m: &MatrixRef,
     name: &str,
+    chunk: usize,
     bytes: &mut u64,
 ) -> Result<DevMatrix, GpuError> {
     let ty = WeightType::from_ggml_id(m.ty.id())
@@ -96,10 +101,13 @@ fn upload_matrix(
         })?
         .data;
     let buf = gpu.alloc(data.len(), name)?;
-    gpu.upload(buf.ptr(), data)?;
+    let chunk = chunk.max(1);
+    for (i, part) in data.chunks(chunk).enumerate() {
+        gpu.upload(buf.at(i * chunk), part)?;
+        m.release_file_range(&model.file, i * chunk, part.len());
+    }
     *bytes += data.len() as u64;
-    // Streamed: the uploaded tensor's pages of the mapping (and their page cache) go
-    // back at once, so the host holds about one tensor at a time, not the model.
+    // The pages that straddle two chunks, which neither chunk's release could drop.
     m.release_file_pages(&model.file);
     Ok(DevMatrix {
         buf,
@@ -129,16 +137,24 @@ fn upload_opt(
 }
 
 impl DevWeights {
-    pub fn upload(gpu: &mut dyn Gpu, model: &Model) -> Result<Self, GpuError> {
+    /// Every tensor of `model` to the device; matrices go up in chunks of `chunk` bytes.
+    pub fn upload(gpu: &mut dyn Gpu, model: &Model, chunk: usize) -> Result<Self, GpuError> {
         check_config(&model.config)?;
         let w = &model.weights;
         let mut bytes = 0u64;
-        let tok_embd = upload_matrix(gpu, model, &w.tok_embd, "token_embd.weight", &mut bytes)?;
+        let tok_embd = upload_matrix(
+            gpu,
+            model,
+            &w.tok_embd,
+            "token_embd.weight",
+            chunk,
+            &mut bytes,
+        )?;
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, l) in w.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{i}.{s}");
             let mut m = |r: &MatrixRef, s: &str, b: &mut u64| -> Result<DevMatrix, GpuError> {
-                upload_matrix(gpu, model, r, &n(s), b)
+                upload_matrix(gpu, model, r, &n(s), chunk, b)
             };
             let wq = m(&l.wq, "attn_q.weight", &mut bytes)?;
             let wk = m(&l.wk, "attn_k.weight", &mut bytes)?;
@@ -170,7 +186,7 @@ impl DevWeights {
         let output = if tied {
             tok_embd
         } else {
-            upload_matrix(gpu, model, &w.output, "output.weight", &mut bytes)?
+            upload_matrix(gpu, model, &w.output, "output.weight", chunk, &mut bytes)?
         };
         let rope_inv_freq = upload_f32(
             gpu,
