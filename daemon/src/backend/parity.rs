@@ -36,20 +36,6 @@ pub struct ParityReport {
     pub prefill_rows: usize,
 }
 
-impl ParityReport {
-    /// The report of two runs taken together: counts add up, errors take the worst.
-    pub fn merged(self, other: ParityReport) -> ParityReport {
-        ParityReport {
-            steps: self.steps + other.steps,
-            max_rel_err: self.max_rel_err.max(other.max_rel_err),
-            greedy_matched: self.greedy_matched + other.greedy_matched,
-            near_tie_steps: self.near_tie_steps + other.near_tie_steps,
-            rows: self.rows + other.rows,
-            prefill_rows: self.prefill_rows + other.prefill_rows,
-        }
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ParityError {
     #[error(transparent)]

@@ -11,12 +11,19 @@ use std::time::Duration;
 
 use sparkd_kernels::names::KvType;
 
-use super::gpu::{read_f32s, u32_bytes, Buf, Gpu, GpuError};
+use super::gpu::{u32_bytes, Buf, Gpu, GpuError};
 use super::graphs::Graphs;
 use super::weights::DevWeights;
 use crate::backend::{Backend, BackendError, DeviceReport};
 use crate::model::config::ModelConfig;
 use crate::model::{BlockPool, BlockTable, KvFull, Model, SeqInput, BLOCK_TOKENS};
+
+// Logits are downloaded straight into host f32s (`fetch_logits`), and uploads write
+// host integers as little-endian bytes: the host must be little-endian like the GPU.
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "the CUDA backend needs a little-endian host"
+);
 
 /// Settings of the CUDA backend.
 #[derive(Debug, Clone)]
@@ -116,7 +123,6 @@ pub struct CudaBackend<G: Gpu> {
     /// Host copy of the last step's logits, `logit_rows` rows of the vocabulary.
     pub(super) logits: Vec<f32>,
     pub(super) logit_rows: usize,
-    pub(super) download: Vec<u8>,
     report: Arc<dyn DeviceReport>,
     /// Rows of the last step that ran through the GEMM path (tests check both paths).
     pub(super) gemm_steps: u64,
@@ -158,7 +164,6 @@ impl<G: Gpu> CudaBackend<G> {
             opts,
             logits: Vec::new(),
             logit_rows: 0,
-            download: Vec::new(),
             report,
             gemm_steps: 0,
             graphs: Graphs::default(),
@@ -206,12 +211,14 @@ impl<G: Gpu> CudaBackend<G> {
         }
     }
 
-    /// Sets [`CudaOptions::mmq_min_tokens`] (`usize::MAX`: the mat-vec for every decode
-    /// batch), for benchmarks that compare the two. Captured graphs hold the old
-    /// kernels, so they go.
-    pub fn set_mmq_min_tokens(&mut self, rows: usize) {
-        if self.opts.mmq_min_tokens != rows {
-            self.opts.mmq_min_tokens = rows;
+    /// Sets [`CudaOptions::mmq_min_tokens`] and [`CudaOptions::gemm_min_tokens`]
+    /// (`usize::MAX` turns a path off), for benchmarks and parity runs that compare the
+    /// paths. Captured graphs hold the old kernels, so they go.
+    pub fn set_matmul_thresholds(&mut self, mmq_min_tokens: usize, gemm_min_tokens: usize) {
+        let now = (self.opts.mmq_min_tokens, self.opts.gemm_min_tokens);
+        if now != (mmq_min_tokens, gemm_min_tokens) {
+            self.opts.mmq_min_tokens = mmq_min_tokens;
+            self.opts.gemm_min_tokens = gemm_min_tokens;
             self.graphs.clear(&mut self.gpu);
         }
     }
@@ -250,10 +257,11 @@ impl<G: Gpu> CudaBackend<G> {
         let Some(buf) = self.scratch.logits else {
             return Err(GpuError::Bounds("no logits buffer".into()));
         };
-        self.download.resize(rows * vocab * 4, 0);
-        self.gpu.download(buf.ptr(), &mut self.download)?;
-        read_f32s(&self.download, &mut self.logits);
-        Ok(())
+        // Straight into the engine's f32 rows (device and host are little-endian): a
+        // decode batch of 32 over a 128k vocabulary is 16 MB a step, and a second host
+        // pass over it would cost about as much as the copy itself.
+        self.gpu
+            .download(buf.ptr(), bytemuck::cast_slice_mut(&mut self.logits))
     }
 }
 

@@ -157,10 +157,3 @@ pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
 pub fn u32_bytes(v: &[u32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
-
-/// Decodes little-endian f32s into `out` (which sets the count).
-pub fn read_f32s(bytes: &[u8], out: &mut [f32]) {
-    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-    }
-}
