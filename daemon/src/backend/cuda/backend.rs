@@ -39,11 +39,11 @@ pub struct CudaOptions {
     /// Steps with at least this many tokens (and fewer than `gemm_min_tokens`) run
     /// their matrices through the tensor-core mat-mul with in-register dequantization;
     /// smaller ones through the f32 mat-vec. Four: from there the mat-vec's multiplies
-    /// (one FMA and one shared-memory read per weight and row), not the weight reads,
+    /// (an FMA and a 4-byte activation read per weight and row), not the weight reads,
     /// would bound the step (an estimate from instruction counts, not a measurement).
     pub mmq_min_tokens: usize,
     /// Largest f16 weight scratch the GEMM path may take; matrices above it (the output
-    /// head of a large vocabulary, say) stay on the mat-vec.
+    /// head of a large vocabulary, say) take the tensor-core mat-mul instead.
     pub gemm_scratch_max_bytes: usize,
     /// Capture decode steps as CUDA graphs, one per padded shape, and replay them.
     pub graphs: bool,

@@ -62,12 +62,12 @@ impl EmuGpu {
         self.launches
     }
 
-    /// Launch count and emulator time per kernel, most time first.
     /// Runs `probe` after every host-to-device copy from now on.
     pub fn probe_uploads(&mut self, probe: impl FnMut() + Send + 'static) {
         self.upload_probe = Some(Box::new(probe));
     }
 
+    /// Launch count and emulator time per kernel, most time first.
     pub fn profile(&self) -> Vec<(String, u64, Duration)> {
         let mut v: Vec<_> = self
             .profile
