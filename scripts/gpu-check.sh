@@ -6,8 +6,9 @@
 #   1. parity: GPU against CPU on small synthetic models (every weight format on a tiny
 #      llama, the other architectures, and Llama-3-8B shapes with the Q4_K/Q6_K mix at
 #      one layer): `sparkd gpu-parity` must report a max relative logit error < 1e-2
-#      and 32 equal greedy tokens on the f32 paths, and again 32 steps on the tensor-core
-#      paths (f16 operands) where a different pick must be a near tie;
+#      and 32 greedy steps equal to the CPU's, on the f32 paths and again on the
+#      tensor-core paths (f16 operands); a different pick passes only as a near tie
+#      (within 1e-2 in the CPU's own logits: the CPU quantizes activations to 8 bits);
 #   2. benchmark on Llama-3-8B shapes (random weights): decode tok/s at batch 1, 8, 32,
 #      prefill tok/s at 512 and 2048 tokens, and decode GB/s against a measured
 #      device-to-device copy.
@@ -20,7 +21,7 @@
 #       {"model":"F","device":"NVIDIA GB10","steps":32,"max_rel_err":0.0003,
 #        "greedy_matched":32,"near_tie_steps":0,"tc_steps":32,"tc_max_rel_err":0.0011,
 #        "tc_greedy_matched":31,"tc_near_tie_steps":1,"pass":true}
-#     Two runs. The first, everything on the f32 mat-vec: two sequences, 48- and
+#     Two runs. The first, all in f32 (mat-vec, f32 KV cache): two sequences, 48- and
 #     20-token prompts prefilled together, then decoded as a batch of two. The second
 #     ("tc_"), the tensor-core paths: five sequences, 266 prompt tokens through the
 #     GEMM, decoded on the tensor-core mat-mul. max_rel_err = max over both runs'
@@ -28,9 +29,9 @@
 #     decode step; both backends are fed the CPU's greedy tokens so one flip does not
 #     cascade); greedy_matched = steps whose GPU argmax equals the CPU's in every row;
 #     near_tie_steps = the other steps where each different pick is within 1e-2 of the
-#     CPU's best logit. Exit 0 when max_rel_err < 1e-2, greedy_matched == steps and
-#     tc_greedy_matched + tc_near_tie_steps == tc_steps; 1 when not; anything else for
-#     errors (no GPU, unsupported model).
+#     CPU's best logit. Exit 0 when max_rel_err < 1e-2 and, in each run,
+#     greedy_matched + near_tie_steps == steps; 1 when not; anything else for errors
+#     (no GPU, unsupported model).
 #   sparkd bench --device cuda --model F --batches 1,8,32 --prefill 512,2048 --json
 #     prints JSON lines, one flat object per measurement:
 #       {"kind":"device","name":"NVIDIA GB10","sm":"sm_121","memory_bytes":128000000000}
@@ -131,7 +132,7 @@ if [ "$DO_PARITY" = 1 ]; then
   models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
   echo
   echo "parity: GPU vs CPU logits (max rel err < 1e-2), 32 greedy steps on the f32 paths"
-  echo "(all equal) and 32 on the tensor-core paths (equal, or near ties: +N)"
+  echo "and 32 on the tensor-core paths (equal+near ties/steps)"
   printf '  %-24s %12s %8s %10s  %s\n' model "max rel err" f32 "tensor core" result
   for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
@@ -140,8 +141,9 @@ if [ "$DO_PARITY" = 1 ]; then
     rc=$?
     set -e
     err=$(field "$line" max_rel_err)
-    matched=$(field "$line" greedy_matched)
     steps=$(field "$line" steps)
+    f32="$(field "$line" greedy_matched)+$(field "$line" near_tie_steps)/$steps"
+    [ "$f32" = "+/" ] && f32=-
     tc="$(field "$line" tc_greedy_matched)+$(field "$line" tc_near_tie_steps)/$(field "$line" tc_steps)"
     [ "$tc" = "+/" ] && tc=-
     case $rc in
@@ -150,7 +152,7 @@ if [ "$DO_PARITY" = 1 ]; then
       124) verdict="ERROR (timed out)"; failures=$((failures + 1)) ;;
       *) verdict="ERROR (exit $rc, see log)"; failures=$((failures + 1)) ;;
     esac
-    printf '  %-24s %12s %8s %10s  %s\n' "$name" "${err:--}" "${matched:--}/${steps:--}" "$tc" "$verdict"
+    printf '  %-24s %12s %8s %10s  %s\n' "$name" "${err:--}" "$f32" "$tc" "$verdict"
   done
 fi
 

@@ -3,6 +3,7 @@
 //! `sparkd bench --device cuda` (device copy bandwidth, batched decode, prefill; JSON
 //! lines). Both need a GPU; without one they stop with the probe's error.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,13 +11,14 @@ use anyhow::Context;
 use serde_json::json;
 
 use crate::backend::cuda::{
-    probe, CudaBackend, CudaGpu, CudaOptions, DeviceChoice, DeviceRequest, Gpu, GpuInfo,
+    probe, CudaBackend, CudaGpu, CudaOptions, DeviceChoice, DeviceRequest, Gpu, GpuError, GpuInfo,
 };
-use crate::backend::parity::{compare, ParityPlan};
+use crate::backend::parity::{compare, ParityPlan, ParityReport};
 use crate::backend::CpuBackend;
 use crate::bench::{bench_tokens, greedy_decode, prefill_best};
 use crate::cli::{model_path, GpuParityArgs};
 use crate::model::{Model, BLOCK_TOKENS};
+use sparkd_kernels::names::KvType;
 use sparkd_kernels::Arch;
 
 /// The GPU `request` names, or the probe's reason why there is none.
@@ -35,66 +37,13 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
     }
     let (gpu_info, arch) = cuda_device(args.device)?;
     let path = model_path(&args.model, false)?;
-    // The CPU reference reads its own copy, laid out for its kernels; the GPU gets the
-    // file's layout uploaded from a mapping.
-    let model = Arc::new(Model::load(&path)?);
-    let device_model = Model::load_mapped(&path)?;
-    let vocab = model.config.vocab_size;
-    // Two runs, each prefilling its sequences together and then decoding them as a
-    // batch. First all in f32 on the mat-vec, two sequences: the logits match the
-    // CPU's to f32 rounding, so every greedy pick must match. Then the tensor-core
-    // paths with their f16 operands, five sequences: a 266-row prefill on dequantize +
-    // GEMM (`gemm_min_tokens` is 256), decode on the tensor-core mat-mul
-    // (`mmq_min_tokens` is 4; the graph pads five to eight). There f16 rounding
-    // (about 1e-3 of the logits) may flip a near tie, which random weights make
-    // common, so a different pick passes only where the CPU scores it within
-    // `parity::NEAR_TIE` of its own.
-    let lens: [&[usize]; 2] = [&[48, 20], &[120, 64, 33, 9, 40]];
-    let plans = lens.map(|lens| ParityPlan {
-        prompts: lens
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| bench_tokens(n, vocab, i + 1))
-            .collect(),
-        chunk: usize::MAX,
-        steps: args.steps,
-    });
-    let kv_tokens = lens
-        .iter()
-        .map(|l| {
-            l.iter()
-                .map(|n| n + args.steps + BLOCK_TOKENS)
-                .sum::<usize>()
-        })
-        .max()
-        .unwrap_or(0);
     let threads = args
         .threads
         .unwrap_or_else(crate::backend::cpu::physical_cores);
-    let mut cpu = CpuBackend::new(model.clone(), kv_tokens, threads);
-    let dev = CudaGpu::new(gpu_info.ordinal, arch)?;
-    let mut gpu = CudaBackend::new(
-        &device_model,
-        dev,
-        CudaOptions {
-            kv_tokens,
-            ..CudaOptions::default()
-        },
-    )?;
-    let defaults = CudaOptions::default();
-    let [f32_plan, tc_plan] = &plans;
-    let mut run = |plan: &ParityPlan, mmq_min: usize, gemm_min: usize| {
-        gpu.set_matmul_thresholds(mmq_min, gemm_min);
-        compare(&mut cpu, &mut gpu, plan, |step, seq, err, a, b| {
-            tracing::debug!(step, seq, err, cpu = a, gpu = b, "parity row");
-        })
-    };
-    let f32_run = run(f32_plan, usize::MAX, usize::MAX)?;
-    let tc = run(tc_plan, defaults.mmq_min_tokens, defaults.gemm_min_tokens)?;
-    let pass = f32_run.max_rel_err < 1e-2
-        && f32_run.greedy_matched == f32_run.steps
-        && tc.max_rel_err < 1e-2
-        && tc.greedy_matched + tc.near_tie_steps == tc.steps;
+    let new_gpu = || CudaGpu::new(gpu_info.ordinal, arch);
+    let runs = parity_runs(&path, new_gpu, |_| {}, args.steps, threads)?;
+    let (f32_run, tc) = (runs.f32_run, runs.tensor_core);
+    let pass = runs.pass();
     println!(
         "{}",
         json!({
@@ -112,6 +61,94 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
         })
     );
     Ok(pass)
+}
+
+/// The two parity runs of `sparkd gpu-parity`.
+pub(crate) struct ParityRuns {
+    /// Everything in f32: the mat-vec, an f32 KV cache.
+    pub f32_run: ParityReport,
+    /// The defaults with f16 operands: GEMM prefill, mmq decode, the f16 KV cache.
+    pub tensor_core: ParityReport,
+}
+
+impl ParityRuns {
+    /// In both runs the logits within 1e-2 of the CPU's, and every greedy pick equal
+    /// or a near tie (see [`parity_runs`]).
+    pub fn pass(&self) -> bool {
+        [&self.f32_run, &self.tensor_core]
+            .iter()
+            .all(|r| r.max_rel_err < 1e-2 && r.greedy_matched + r.near_tie_steps == r.steps)
+    }
+}
+
+/// Runs the model at `path` on the CPU and on devices from `new_gpu` side by side (see
+/// [`ParityRuns`]), one device per run, each shown to `inspect` after its run and
+/// dropped before the next is made.
+pub(crate) fn parity_runs<G: Gpu>(
+    path: &Path,
+    mut new_gpu: impl FnMut() -> Result<G, GpuError>,
+    mut inspect: impl FnMut(&G),
+    steps: usize,
+    threads: usize,
+) -> anyhow::Result<ParityRuns> {
+    // The CPU reference reads its own copy, laid out for its kernels; the GPU gets the
+    // file's layout uploaded from a mapping.
+    let model = Arc::new(Model::load(path)?);
+    let device_model = Model::load_mapped(path)?;
+    let vocab = model.config.vocab_size;
+    // Two runs, each prefilling its sequences together and then decoding them as a
+    // batch. First all in f32 (the mat-vec, an f32 KV cache), two sequences. Then the
+    // defaults, f16 operands, five sequences: a 266-row prefill on dequantize + GEMM
+    // (`gemm_min_tokens` is 256), decode on the tensor-core mat-mul (`mmq_min_tokens`
+    // is 4; the graph pads five to eight), the KV cache in f16.
+    //
+    // The reference is not exact either: like llama.cpp, the CPU quantizes activations
+    // to 8 bits for its integer dot products, which moves its logits by up to about
+    // 1e-2 of their range (6e-3 seen on the emulator's f32 run, 9.7e-3 on Q6_K). Random
+    // weights make near ties common, so a pick that differs from the CPU's passes
+    // only where the CPU scores it within `parity::NEAR_TIE` (1e-2) of its own: a tie
+    // inside the reference's own error. The report counts exact matches apart.
+    let lens: [&[usize]; 2] = [&[48, 20], &[120, 64, 33, 9, 40]];
+    let plans = lens.map(|lens| ParityPlan {
+        prompts: lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| bench_tokens(n, vocab, i + 1))
+            .collect(),
+        chunk: usize::MAX,
+        steps,
+    });
+    let kv_tokens = lens
+        .iter()
+        .map(|l| l.iter().map(|n| n + steps + BLOCK_TOKENS).sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    let mut cpu = CpuBackend::new(model.clone(), kv_tokens, threads);
+    let defaults = CudaOptions {
+        kv_tokens,
+        ..CudaOptions::default()
+    };
+    let all_f32 = CudaOptions {
+        mmq_min_tokens: usize::MAX,
+        gemm_min_tokens: usize::MAX,
+        kv_type: KvType::F32,
+        ..defaults.clone()
+    };
+    let [f32_plan, tc_plan] = &plans;
+    // One device at a time: the first run's weights and cache go before the second's
+    // are uploaded.
+    let mut run = |plan: &ParityPlan, opts: CudaOptions| -> anyhow::Result<_> {
+        let mut gpu = CudaBackend::new(&device_model, new_gpu()?, opts)?;
+        let report = compare(&mut cpu, &mut gpu, plan, |step, seq, err, a, b| {
+            tracing::debug!(step, seq, err, cpu = a, gpu = b, "parity row");
+        })?;
+        inspect(gpu.gpu());
+        Ok(report)
+    };
+    Ok(ParityRuns {
+        f32_run: run(f32_plan, all_f32)?,
+        tensor_core: run(tc_plan, defaults)?,
+    })
 }
 
 fn emit(line: serde_json::Value, json_out: bool) {
@@ -223,4 +260,69 @@ fn copy_bandwidth(dev: &mut CudaGpu) -> anyhow::Result<f64> {
     dev.free(a);
     dev.free(c);
     Ok(2.0 * bytes as f64 / best.as_secs_f64().max(1e-9) / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::EmuGpu;
+    use crate::model::synth::{synth_gguf, SynthSpec};
+    use sparkd_kernels::emu::EmuError;
+
+    /// Launches of the kernels whose names start with `prefix`.
+    fn launched(emu: &EmuGpu, prefix: &str) -> u64 {
+        emu.profile()
+            .iter()
+            .filter(|(k, _, _)| k.starts_with(prefix))
+            .map(|(_, n, _)| *n)
+            .sum()
+    }
+
+    /// gpu-parity's two runs through the kernel emulator on a tiny model: the plumbing
+    /// a first GPU session depends on (KV sized for the plans, one device per run with
+    /// its own options) and each run on its own kernels.
+    #[test]
+    fn gpu_parity_runs_the_f32_paths_then_the_tensor_core_paths() {
+        if let Err(GpuError::Emulator(EmuError::NoCompiler(msg))) = EmuGpu::new() {
+            eprintln!("SKIPPED: the kernel emulator needs a C++ compiler: {msg}");
+            return;
+        }
+        let mut s = SynthSpec::tiny();
+        s.n_layers = 1;
+        let dir = std::env::temp_dir().join(format!("sparkd-gpu-parity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("tiny.gguf");
+        synth_gguf(&s)
+            .expect("synth")
+            .write_file(&path)
+            .expect("write");
+        // Launches per kernel-name prefix, per run: the f32 run's kernels, then those
+        // only the defaults use.
+        let prefixes = [
+            "mmv_",
+            "attn_decode_f32",
+            "gemm_",
+            "mmq_",
+            "convert_f32_f16",
+            "attn_decode_f16",
+        ];
+        let mut counts: Vec<Vec<u64>> = Vec::new();
+        let inspect = |emu: &EmuGpu| counts.push(prefixes.map(|p| launched(emu, p)).to_vec());
+        let runs = parity_runs(&path, EmuGpu::new, inspect, 2, 1).expect("parity runs");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+        eprintln!(
+            "f32 {:?}\ntensor cores {:?}",
+            runs.f32_run, runs.tensor_core
+        );
+        assert_eq!((runs.f32_run.steps, runs.tensor_core.steps), (2, 2));
+        assert!(runs.pass(), "parity on the emulator");
+        let [first, second] = &counts[..] else {
+            panic!("one inspection per run: {counts:?}")
+        };
+        assert!(first[0] > 0 && first[1] > 0, "{first:?}");
+        for (i, prefix) in prefixes.iter().enumerate().skip(2) {
+            assert_eq!(first[i], 0, "{prefix} in the f32 run");
+            assert!(second[i] > 0, "{prefix} in the second run");
+        }
+    }
 }
