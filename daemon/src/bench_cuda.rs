@@ -269,15 +269,6 @@ mod tests {
     use crate::model::synth::{synth_gguf, SynthSpec};
     use sparkd_kernels::emu::EmuError;
 
-    /// Launches of the kernels whose names start with `prefix`.
-    fn launched(emu: &EmuGpu, prefix: &str) -> u64 {
-        emu.profile()
-            .iter()
-            .filter(|(k, _, _)| k.starts_with(prefix))
-            .map(|(_, n, _)| *n)
-            .sum()
-    }
-
     /// gpu-parity's two runs through the kernel emulator on a tiny model: the plumbing
     /// a first GPU session depends on (KV sized for the plans, one device per run with
     /// its own options) and each run on its own kernels.
@@ -307,7 +298,7 @@ mod tests {
             "attn_decode_f16",
         ];
         let mut counts: Vec<Vec<u64>> = Vec::new();
-        let inspect = |emu: &EmuGpu| counts.push(prefixes.map(|p| launched(emu, p)).to_vec());
+        let inspect = |emu: &EmuGpu| counts.push(prefixes.map(|p| emu.launches_of(p)).to_vec());
         let runs = parity_runs(&path, EmuGpu::new, inspect, 2, 1).expect("parity runs");
         std::fs::remove_dir_all(&dir).expect("clean up");
         eprintln!(

@@ -67,6 +67,15 @@ impl EmuGpu {
         self.upload_probe = Some(Box::new(probe));
     }
 
+    /// Launches of the kernels whose names start with `prefix`.
+    pub fn launches_of(&self, prefix: &str) -> u64 {
+        self.profile
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, &(n, _))| n)
+            .sum()
+    }
+
     /// Launch count and emulator time per kernel, most time first.
     pub fn profile(&self) -> Vec<(String, u64, Duration)> {
         let mut v: Vec<_> = self

@@ -110,6 +110,16 @@ pub fn matvec(
     Ok(())
 }
 
+/// The first `count` f32s at `x` rounded to f16 into `a16`: the activation operand of
+/// the tensor-core paths.
+fn to_f16(gpu: &mut dyn Gpu, x: DevPtr, a16: Buf, count: usize) -> Result<(), GpuError> {
+    gpu.launch(
+        &names::convert_from_f32(Half::F16),
+        Launch::linear(stride_blocks(count), EW_THREADS),
+        &[KArg::Ptr(x), KArg::Ptr(a16.ptr()), KArg::I64(count as i64)],
+    )
+}
+
 /// `y = x W^T (+ bias) (+ y)` on the tensor cores with the weights dequantized in
 /// registers: `x` converted to f16 into `a16` (at least `n * w.cols` halves), then one
 /// launch per `MMQ_MAX_TOKENS` rows, each reading every weight once.
@@ -124,12 +134,7 @@ pub fn mmq(
     accumulate: bool,
     a16: Buf,
 ) -> Result<(), GpuError> {
-    let count = n * w.cols;
-    gpu.launch(
-        &names::convert_from_f32(Half::F16),
-        Launch::linear(stride_blocks(count), EW_THREADS),
-        &[KArg::Ptr(x), KArg::Ptr(a16.ptr()), KArg::I64(count as i64)],
-    )?;
+    to_f16(gpu, x, a16, n * w.cols)?;
     let mut row = 0;
     while row < n {
         let nt = (n - row).min(MMQ_MAX_TOKENS);
@@ -157,7 +162,7 @@ pub fn mmq(
 /// f16 into `w16`, then the tensor-core GEMM `y = x W^T (+ bias) (+ y)`. The GEMM writes
 /// its output with leading dimension `w.rows`, so a panel of `w`'s rows could not land
 /// in place: the scratch holds the whole matrix (the caller sizes it for the largest
-/// layer matrix and falls back to the mat-vec for anything bigger).
+/// layer matrix and takes the tensor-core mat-mul for anything bigger).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &mut dyn Gpu,
@@ -170,12 +175,7 @@ pub fn gemm(
     a16: Buf,
     w16: Buf,
 ) -> Result<(), GpuError> {
-    let count = n * w.cols;
-    gpu.launch(
-        &names::convert_from_f32(Half::F16),
-        Launch::linear(stride_blocks(count), EW_THREADS),
-        &[KArg::Ptr(x), KArg::Ptr(a16.ptr()), KArg::I64(count as i64)],
-    )?;
+    to_f16(gpu, x, a16, n * w.cols)?;
     let elems = w.rows * w.cols;
     gpu.launch(
         &names::dequant(w.ty, Half::F16),

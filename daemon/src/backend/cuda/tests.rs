@@ -137,15 +137,6 @@ fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) -> 
     Some(gpu.into_gpu())
 }
 
-/// Launches of the kernels whose names start with `prefix`.
-fn launched(emu: &EmuGpu, prefix: &str) -> u64 {
-    emu.profile()
-        .iter()
-        .filter(|(k, _, _)| k.starts_with(prefix))
-        .map(|(_, n, _)| *n)
-        .sum()
-}
-
 /// Steps of `gemm_min_tokens` rows or more take the GEMM; decode batches from
 /// `mmq_min_tokens` (4, the default: three sequences make a graph of four) the
 /// tensor-core mat-mul.
@@ -194,8 +185,8 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q4_1_matvec_only() {
     };
     let emu = check("llama Q4_1", &s, &p, matvec_only);
     if let Some(emu) = emu {
-        assert!(launched(&emu, "mmv_q4_1_b16") > 0);
-        assert_eq!(launched(&emu, "mmq_"), 0);
+        assert!(emu.launches_of("mmv_q4_1_b16") > 0);
+        assert_eq!(emu.launches_of("mmq_"), 0);
     }
 }
 
@@ -218,9 +209,9 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q4_k() {
     if let Some(emu) = emu {
         // Prefill chunks on the GEMM, the batched decode (layers and head) on the
         // tensor-core mat-mul, the single rows of the head's prefill on the mat-vec.
-        assert!(launched(&emu, "gemm_f16") > 0);
-        assert!(launched(&emu, "mmq_q4_k_n8") > 0);
-        assert!(launched(&emu, "mmv_") > 0);
+        assert!(emu.launches_of("gemm_f16") > 0);
+        assert!(emu.launches_of("mmq_q4_k_n8") > 0);
+        assert!(emu.launches_of("mmv_") > 0);
     }
 }
 
