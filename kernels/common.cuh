@@ -102,6 +102,15 @@ static __device__ __forceinline__ float kv_load(const u16* p) { return f16_to_f3
 static __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
 static __device__ __forceinline__ void kv_store(u16* p, float v) { *p = f32_to_f16(v); }
 
+// The epilogue of every weight product (mat-vec, tensor-core mat-mul, GEMM): `sum` plus
+// the output feature's bias when there is one, stored at `dst` or, for the fused
+// residual add, added to what is there.
+static __device__ __forceinline__ void store_output(float* dst, float sum, const float* bias,
+                                                    int feature, int accumulate) {
+    const float out = sum + (bias ? bias[feature] : 0.0f);
+    *dst = accumulate ? *dst + out : out;
+}
+
 // ---------------------------------------------------------------------------------------
 // Reductions
 

@@ -126,9 +126,8 @@ static __device__ void gemm(const u16* __restrict__ a, const u16* __restrict__ b
                 const int row = bm + wm * 64 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
                 const int col = bn + wn * 32 + nt * 8 + (lane & 3) * 2 + (e & 1);
                 if (row < m && col < n) {
-                    float* dst = c + (u64)row * n + col;
-                    const float v = acc[mt][nt][e] + (bias ? bias[col] : 0.0f);
-                    *dst = accumulate ? *dst + v : v;
+                    store_output(c + (u64)row * n + col, acc[mt][nt][e], bias, col,
+                                 accumulate);
                 }
             }
 }

@@ -102,9 +102,7 @@ static __device__ void mmv(const u8* __restrict__ w, const float* __restrict__ x
         float s = 0.0f;
 #pragma unroll
         for (int wp = 0; wp < WARPS; ++wp) s += part[wp][i];
-        float* dst = y + (u64)b * rows + row;
-        const float out = s + (bias ? bias[row] : 0.0f);
-        *dst = accumulate ? *dst + out : out;
+        store_output(y + (u64)b * rows + row, s, bias, row, accumulate);
     }
 }
 

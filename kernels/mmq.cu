@@ -122,9 +122,7 @@ static __device__ void mmq(const u8* __restrict__ w, const u16* __restrict__ x,
             const float4 p = part[wp][t][l];
             s += e == 0 ? p.x : e == 1 ? p.y : e == 2 ? p.z : p.w;
         }
-        float* dst = y + (u64)seq * rows + row;
-        const float out = s + (bias ? bias[row] : 0.0f);
-        *dst = accumulate ? *dst + out : out;
+        store_output(y + (u64)seq * rows + row, s, bias, row, accumulate);
     }
 }
 
