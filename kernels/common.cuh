@@ -90,6 +90,12 @@ static __device__ __forceinline__ u16 f32_to_bf16(float f) {
 }
 #endif
 
+// Two floats rounded to f16 and packed as a tensor-core operand register (the lower
+// k index, or column, in the low half).
+static __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+}
+
 // A quiet NaN, written where a host-side bug (an out-of-range token) would otherwise
 // make a kernel read out of bounds: it shows up in any parity check instead of hiding.
 static __device__ __forceinline__ float quiet_nan() {
@@ -181,11 +187,11 @@ static __device__ float block_sum(float v, float* scratch) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Inline PTX for the tensor-core GEMM (sm_80+: cp.async, ldmatrix, mma.sync)
+// Inline PTX for the tensor-core kernels (sm_80+: cp.async, ldmatrix, mma.sync)
 
 #ifdef SPARKD_HOST_EMULATION
 // kernels/emu/cuda_emu.h provides cp_async16, cp_async_commit, cp_async_wait,
-// ldmatrix_x4 and mma_16816 with the PTX semantics.
+// ldmatrix_x4, ldmatrix_x4_trans and mma_16816 with the PTX semantics.
 #else
 // The shared-memory address of a generic pointer to shared memory.
 static __device__ __forceinline__ u32 smem_addr(const void* p) {
@@ -216,6 +222,15 @@ static __device__ __forceinline__ void cp_async_wait() {
 // Four 8x8 b16 matrices from shared memory; lane i gives the row address for matrix i/8.
 static __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// The same, each matrix transposed: lane l receives elements (2 (l % 4), l / 4) and
+// (2 (l % 4) + 1, l / 4) of matrix i (row, column), i.e. rows given by the lanes become
+// the k index of an mma B operand.
+static __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
 }

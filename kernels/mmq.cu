@@ -36,10 +36,6 @@
 // results agree with the f32 mat-vec to about 2^-11 relative per term.
 #include "quant.cuh"
 
-static __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
-}
-
 template <int T, int NT>
 static __device__ void mmq(const u8* __restrict__ w, const u16* __restrict__ x,
                            float* __restrict__ y, const float* __restrict__ bias, int rows,

@@ -174,6 +174,20 @@ static inline void ldmatrix_x4(unsigned (&r)[4], const void* p) {
     emu::done();
 }
 
+// ldmatrix .x4.trans: the same rows, but lane l receives the 16-bit elements at columns
+// l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1 of each matrix (the lower row in the low half).
+static inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+    emu::publish(p);
+    const int col = emu::tl_lane / 4, row = 2 * (emu::tl_lane % 4);
+    for (int i = 0; i < 4; ++i) {
+        unsigned short lo, hi;
+        std::memcpy(&lo, (const unsigned char*)emu::read_slot<const void*>(8 * i + row) + 2 * col, 2);
+        std::memcpy(&hi, (const unsigned char*)emu::read_slot<const void*>(8 * i + row + 1) + 2 * col, 2);
+        r[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    emu::done();
+}
+
 namespace emu {
 static inline float half_bits_to_f32(unsigned short h, bool bf16) {
     if (bf16) return __uint_as_float((unsigned)h << 16);

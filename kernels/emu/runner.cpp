@@ -113,6 +113,8 @@ std::map<std::string, Runner> kernels() {
     REG(kv_write_f32) REG(kv_write_f16)
     REG(attn_decode_f32) REG(attn_decode_f16) REG(attn_decode_reduce)
     REG(attn_prefill_f32) REG(attn_prefill_f16)
+    REG(attn_prefill_f16_tc_hd32) REG(attn_prefill_f16_tc_hd64)
+    REG(attn_prefill_f16_tc_hd96) REG(attn_prefill_f16_tc_hd128)
     REG(rmsnorm_f32) REG(rmsnorm_residual_f32) REG(rope_f32)
     REG(swiglu_f32) REG(add_f32) REG(add_bias_f32) REG(argmax_f32)
 #undef REG_W

@@ -34,6 +34,9 @@ pub const ATTN_DECODE_THREADS: u32 = 128;
 /// Queries per block and threads of the prefill attention.
 pub const ATTN_PREFILL_QUERIES: usize = 16;
 pub const ATTN_PREFILL_THREADS: u32 = 256;
+/// Queries per block and threads of the tensor-core prefill attention.
+pub const ATTN_PREFILL_TC_QUERIES: usize = 64;
+pub const ATTN_PREFILL_TC_THREADS: u32 = 128;
 
 #[cfg(test)]
 mod tests {
@@ -80,5 +83,10 @@ mod tests {
             Some(ATTN_PREFILL_THREADS as usize)
         );
         assert_eq!(define(pre, "PRE_QUERIES"), Some(ATTN_PREFILL_QUERIES));
+        assert_eq!(
+            define(pre, "PRE_TC_THREADS"),
+            Some(ATTN_PREFILL_TC_THREADS as usize)
+        );
+        assert_eq!(define(pre, "PRE_TC_QUERIES"), Some(ATTN_PREFILL_TC_QUERIES));
     }
 }

@@ -183,6 +183,16 @@ pub fn attn_prefill(ty: KvType) -> String {
     format!("attn_prefill_{}", ty.suffix())
 }
 
+/// Head sizes with a tensor-core prefill attention (for an f16 cache).
+pub const ATTN_PREFILL_TC_HEAD_DIMS: [usize; 4] = [32, 64, 96, 128];
+
+/// The tensor-core prefill attention for this cache type and head size, where there is
+/// one (`attn_prefill` serves the others).
+pub fn attn_prefill_tc(ty: KvType, head_dim: usize) -> Option<String> {
+    (ty == KvType::F16 && ATTN_PREFILL_TC_HEAD_DIMS.contains(&head_dim))
+        .then(|| format!("attn_prefill_f16_tc_hd{head_dim}"))
+}
+
 pub const ATTN_DECODE_REDUCE: &str = "attn_decode_reduce";
 pub const RMSNORM: &str = "rmsnorm_f32";
 pub const RMSNORM_RESIDUAL: &str = "rmsnorm_residual_f32";
@@ -215,6 +225,9 @@ pub fn all() -> Vec<(&'static str, String)> {
         v.push(("kv.cu", kv_write(kv)));
         v.push(("attn_decode.cu", attn_decode(kv)));
         v.push(("attn_prefill.cu", attn_prefill(kv)));
+    }
+    for hd in ATTN_PREFILL_TC_HEAD_DIMS {
+        v.extend(attn_prefill_tc(KvType::F16, hd).map(|k| ("attn_prefill.cu", k)));
     }
     v.push(("attn_decode.cu", ATTN_DECODE_REDUCE.into()));
     v.push(("rmsnorm.cu", RMSNORM.into()));

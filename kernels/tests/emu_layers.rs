@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use half::f16;
 use sparkd_kernels::consts::{
-    ATTN_DECODE_THREADS, ATTN_PARTITION, ATTN_PREFILL_QUERIES, ATTN_PREFILL_THREADS,
-    KV_BLOCK_TOKENS,
+    ATTN_DECODE_THREADS, ATTN_PARTITION, ATTN_PREFILL_QUERIES, ATTN_PREFILL_TC_QUERIES,
+    ATTN_PREFILL_TC_THREADS, ATTN_PREFILL_THREADS, KV_BLOCK_TOKENS,
 };
 use sparkd_kernels::emu::{Arg, Emulator};
 use sparkd_kernels::names::{self, KvType};
@@ -282,14 +282,19 @@ impl Paged {
         for i in (1..ids.len()).rev() {
             ids.swap(i, rng.below(i + 1));
         }
-        let elem = if kv == KvType::F32 { 4 } else { 2 };
-        let cache_len = n_blocks * KV_BLOCK_TOKENS * kv_dim * elem;
+        // Every slot no sequence writes holds NaN, standing for a reused block's stale
+        // entries: a kernel that reads one (even to multiply it by a zero weight) fails.
+        let nan: &[u8] = match kv {
+            KvType::F32 => &[0x00, 0x00, 0xc0, 0x7f],
+            KvType::F16 => &[0x00, 0x7e],
+        };
+        let cache_len = n_blocks * KV_BLOCK_TOKENS * kv_dim;
         let mut p = Paged {
             kv,
             kv_dim,
             n_blocks,
-            k_cache: vec![0; cache_len],
-            v_cache: vec![0; cache_len],
+            k_cache: nan.repeat(cache_len),
+            v_cache: nan.repeat(cache_len),
             tables: Vec::new(),
             keys: Vec::new(),
             values: Vec::new(),
@@ -492,7 +497,23 @@ fn decode_attention_matches_the_reference_with_and_without_splits() {
     decode_case(emu, KvType::F16, 256, &[300, 40], &mut rng);
 }
 
-fn prefill_case(emu: &Emulator, kv: KvType, hd: usize, chunks: &[(usize, usize)], rng: &mut Rng) {
+/// Which prefill attention a case runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Prefill {
+    /// `attn_prefill_{f32,f16}`: f32 arithmetic, any head size.
+    Simt,
+    /// `attn_prefill_f16_tc_hd*`: q and p rounded to f16 for the tensor cores.
+    TensorCores,
+}
+
+fn prefill_case(
+    emu: &Emulator,
+    kv: KvType,
+    hd: usize,
+    chunks: &[(usize, usize)],
+    variant: Prefill,
+    rng: &mut Rng,
+) {
     let (n_heads, n_kv) = (6, 2);
     let group = n_heads / n_kv;
     // The cache holds each sequence's prefix and its chunk: start + q_len positions.
@@ -510,36 +531,53 @@ fn prefill_case(emu: &Emulator, kv: KvType, hd: usize, chunks: &[(usize, usize)]
     let n_tokens: usize = chunks.iter().map(|c| c.1).sum();
     let max_q = chunks.iter().map(|c| c.1).max().unwrap();
     let q = rng.vec(n_tokens * n_heads * hd, 1.0);
-    let mut out = vec![0u8; n_tokens * n_heads * hd * 4];
-    emu.launch(
-        &names::attn_prefill(kv),
-        [
-            max_q.div_ceil(ATTN_PREFILL_QUERIES) as u32,
-            n_heads as u32,
-            chunks.len() as u32,
-        ],
-        [ATTN_PREFILL_THREADS, 1, 1],
-        &mut [
-            Arg::Buf(&mut f32_bytes(&q)),
-            Arg::Buf(&mut paged.k_cache.clone()),
-            Arg::Buf(&mut paged.v_cache.clone()),
-            Arg::Buf(&mut i32_bytes(&tables)),
-            Arg::I32(max_blocks as i32),
-            Arg::Buf(&mut i32_bytes(&q_start)),
-            Arg::Buf(&mut i32_bytes(
-                &chunks.iter().map(|c| c.1 as i32).collect::<Vec<_>>(),
-            )),
-            Arg::Buf(&mut i32_bytes(
-                &chunks.iter().map(|c| c.0 as i32).collect::<Vec<_>>(),
-            )),
-            Arg::Buf(&mut out),
-            Arg::I32(n_heads as i32),
-            Arg::I32(n_kv as i32),
-            Arg::I32(hd as i32),
-            Arg::F32(1.0 / (hd as f32).sqrt()),
-        ],
-    )
-    .unwrap();
+    // Rows no query owns stay NaN unless a kernel writes them.
+    let mut out = f32_bytes(&vec![f32::NAN; n_tokens * n_heads * hd]);
+    // Rounding q and p to f16 moves each output by about 2^-11 of its magnitude.
+    let (kernel, queries, threads, tol) = match variant {
+        Prefill::Simt => (
+            names::attn_prefill(kv),
+            ATTN_PREFILL_QUERIES,
+            ATTN_PREFILL_THREADS,
+            1e-5,
+        ),
+        Prefill::TensorCores => (
+            names::attn_prefill_tc(kv, hd).expect("a tensor-core variant"),
+            ATTN_PREFILL_TC_QUERIES,
+            ATTN_PREFILL_TC_THREADS,
+            2e-3,
+        ),
+    };
+    let (mut k_cache, mut v_cache) = (paged.k_cache.clone(), paged.v_cache.clone());
+    let (mut q_bytes, mut tables, mut q_start_b) =
+        (f32_bytes(&q), i32_bytes(&tables), i32_bytes(&q_start));
+    let mut q_len = i32_bytes(&chunks.iter().map(|c| c.1 as i32).collect::<Vec<_>>());
+    let mut start_pos = i32_bytes(&chunks.iter().map(|c| c.0 as i32).collect::<Vec<_>>());
+    let mut args = vec![
+        Arg::Buf(&mut q_bytes),
+        Arg::Buf(&mut k_cache),
+        Arg::Buf(&mut v_cache),
+        Arg::Buf(&mut tables),
+        Arg::I32(max_blocks as i32),
+        Arg::Buf(&mut q_start_b),
+        Arg::Buf(&mut q_len),
+        Arg::Buf(&mut start_pos),
+        Arg::Buf(&mut out),
+        Arg::I32(n_heads as i32),
+        Arg::I32(n_kv as i32),
+    ];
+    if variant == Prefill::Simt {
+        args.push(Arg::I32(hd as i32));
+    }
+    args.push(Arg::F32(1.0 / (hd as f32).sqrt()));
+    let grid = [
+        max_q.div_ceil(queries) as u32,
+        n_heads as u32,
+        chunks.len() as u32,
+    ];
+    emu.launch(&kernel, grid, [threads, 1, 1], &mut args)
+        .unwrap();
+    drop(args);
     let got = bytes_f32(&out);
     for (s, &(start, ql)) in chunks.iter().enumerate() {
         for i in 0..ql {
@@ -547,11 +585,8 @@ fn prefill_case(emu: &Emulator, kv: KvType, hd: usize, chunks: &[(usize, usize)]
             for h in 0..n_heads {
                 let o = (row * n_heads + h) * hd;
                 let (want, mag) = paged.reference(s, h / group, hd, &q[o..o + hd], start + i);
-                let what = format!(
-                    "{} hd={hd} seq {s} query {i} head {h}",
-                    names::attn_prefill(kv)
-                );
-                assert_close(&what, &got[o..o + hd], &want, &mag, 1e-5);
+                let what = format!("{kernel} hd={hd} seq {s} query {i} head {h}");
+                assert_close(&what, &got[o..o + hd], &want, &mag, tol);
             }
         }
     }
@@ -564,8 +599,45 @@ fn prefill_attention_is_causal_over_the_cached_prefix_and_the_chunk() {
     // (start position, chunk length): a fresh prompt over two query blocks, a short
     // chunk after a prefix that ends mid-block, and a full block after a small prefix.
     let chunks = [(0, 20), (37, 5), (3, 16)];
-    prefill_case(emu, KvType::F32, 64, &chunks, &mut rng);
-    prefill_case(emu, KvType::F16, 128, &chunks, &mut rng);
+    prefill_case(emu, KvType::F32, 64, &chunks, Prefill::Simt, &mut rng);
+    prefill_case(emu, KvType::F16, 128, &chunks, Prefill::Simt, &mut rng);
+}
+
+#[test]
+fn tensor_core_prefill_attention_matches_the_reference() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(17);
+    // A prompt over two query tiles whose second has one active warp and a part-filled
+    // one; a short chunk after a prefix of three key tiles ending mid-block (later
+    // warps idle, the last key tile partly past the chunk); a full tile after a prefix
+    // that ends mid-tile.
+    let chunks = [(0, 81), (150, 5), (40, 64)];
+    prefill_case(
+        emu,
+        KvType::F16,
+        128,
+        &chunks,
+        Prefill::TensorCores,
+        &mut rng,
+    );
+    prefill_case(
+        emu,
+        KvType::F16,
+        32,
+        &chunks[1..],
+        Prefill::TensorCores,
+        &mut rng,
+    );
+    for hd in [64, 96] {
+        prefill_case(
+            emu,
+            KvType::F16,
+            hd,
+            &chunks[..1],
+            Prefill::TensorCores,
+            &mut rng,
+        );
+    }
 }
 
 #[test]

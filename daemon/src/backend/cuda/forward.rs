@@ -4,7 +4,8 @@
 //! embedding → per layer: RMSNorm → q, k, v ([`Matmul`]: the mat-vec, the tensor-core
 //! mat-mul or dequantize + GEMM, by the step's rows; Qwen2's biases fused in) → Qwen3's
 //! per-head q/k RMSNorm → RoPE → KV write into the paged cache → attention (split-K
-//! decode when every sequence brings one token, else the causal prefill kernel) →
+//! decode when every sequence brings one token, else the causal prefill kernel, on
+//! tensor cores with the f16 cache) →
 //! output projection with the residual add fused → RMSNorm → gate, up → SwiGLU → down
 //! with the residual fused → final RMSNorm of the rows that want logits → output head
 //! → logits downloaded.

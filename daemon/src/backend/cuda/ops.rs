@@ -3,8 +3,9 @@
 //! runs; `forward.rs` does.
 
 use sparkd_kernels::consts::{
-    ATTN_DECODE_THREADS, ATTN_PREFILL_QUERIES, ATTN_PREFILL_THREADS, GEMM_THREADS, GEMM_TILE,
-    MMQ_MAX_TOKENS, MMQ_ROWS, MMQ_THREADS, MMV_MAX_BATCH, MMV_ROWS_PER_BLOCK, MMV_THREADS,
+    ATTN_DECODE_THREADS, ATTN_PREFILL_QUERIES, ATTN_PREFILL_TC_QUERIES, ATTN_PREFILL_TC_THREADS,
+    ATTN_PREFILL_THREADS, GEMM_THREADS, GEMM_TILE, MMQ_MAX_TOKENS, MMQ_ROWS, MMQ_THREADS,
+    MMV_MAX_BATCH, MMV_ROWS_PER_BLOCK, MMV_THREADS,
 };
 use sparkd_kernels::names::{self, Half, KvType};
 
@@ -362,7 +363,8 @@ pub fn attn_decode(
 }
 
 /// Causal attention of prefill chunks (any number of queries per sequence) over the
-/// cached prefix and the chunk itself.
+/// cached prefix and the chunk itself: on tensor cores where the cache is f16 and the
+/// head size has a variant (`names::attn_prefill_tc`), else the f32 SIMT kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_prefill(
     gpu: &mut dyn Gpu,
@@ -373,32 +375,37 @@ pub fn attn_prefill(
     start_pos: DevPtr,
     max_q_len: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
-        &names::attn_prefill(s.kv),
-        Launch::new(
-            [
-                to_u32(max_q_len.div_ceil(ATTN_PREFILL_QUERIES)),
-                to_u32(s.n_heads),
-                to_u32(s.n_seqs),
-            ],
+    // The tensor-core kernels have the head size in their name, not as a parameter.
+    let (kernel, queries, threads, head_dim_arg) = match names::attn_prefill_tc(s.kv, s.head_dim) {
+        Some(k) => (k, ATTN_PREFILL_TC_QUERIES, ATTN_PREFILL_TC_THREADS, None),
+        None => (
+            names::attn_prefill(s.kv),
+            ATTN_PREFILL_QUERIES,
             ATTN_PREFILL_THREADS,
+            Some(i32_arg(s.head_dim)),
         ),
-        &[
-            KArg::Ptr(io.q),
-            KArg::Ptr(io.k_cache),
-            KArg::Ptr(io.v_cache),
-            KArg::Ptr(io.block_tables),
-            i32_arg(s.max_blocks),
-            KArg::Ptr(q_start),
-            KArg::Ptr(q_len),
-            KArg::Ptr(start_pos),
-            KArg::Ptr(io.out),
-            i32_arg(s.n_heads),
-            i32_arg(s.n_kv_heads),
-            i32_arg(s.head_dim),
-            KArg::F32(s.scale()),
-        ],
-    )
+    };
+    let mut args = vec![
+        KArg::Ptr(io.q),
+        KArg::Ptr(io.k_cache),
+        KArg::Ptr(io.v_cache),
+        KArg::Ptr(io.block_tables),
+        i32_arg(s.max_blocks),
+        KArg::Ptr(q_start),
+        KArg::Ptr(q_len),
+        KArg::Ptr(start_pos),
+        KArg::Ptr(io.out),
+        i32_arg(s.n_heads),
+        i32_arg(s.n_kv_heads),
+    ];
+    args.extend(head_dim_arg);
+    args.push(KArg::F32(s.scale()));
+    let grid = [
+        to_u32(max_q_len.div_ceil(queries)),
+        to_u32(s.n_heads),
+        to_u32(s.n_seqs),
+    ];
+    gpu.launch(&kernel, Launch::new(grid, threads), &args)
 }
 
 /// `gate = silu(gate) * up` over `count` elements (the output overwrites `gate`).

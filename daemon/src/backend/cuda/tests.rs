@@ -167,7 +167,12 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q4_0_two_layers() {
         kv_type: KvType::F32,
         ..opts(8)
     };
-    check("llama Q4_0 f32 KV", &s, &plan(s.vocab_size, 5), f32_kv);
+    let emu = check("llama Q4_0 f32 KV", &s, &plan(s.vocab_size, 5), f32_kv);
+    if let Some(emu) = emu {
+        // The tensor-core attention is for an f16 cache only.
+        assert!(emu.launches_of("attn_prefill_f32") > 0);
+        assert_eq!(emu.launches_of("attn_prefill_f16"), 0);
+    }
 }
 
 #[test]
@@ -207,9 +212,13 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q4_k() {
     let s = one_layer(spec(Arch::Llama, GgmlType::Q4_K));
     let emu = check("llama Q4_K", &s, &plan(s.vocab_size, 4), opts(8));
     if let Some(emu) = emu {
-        // Prefill chunks on the GEMM, the batched decode (layers and head) on the
-        // tensor-core mat-mul, the single rows of the head's prefill on the mat-vec.
+        // Prefill chunks on the GEMM and their attention (64-wide heads, f16 cache) on
+        // tensor cores, the batched decode (layers and head) on the tensor-core
+        // mat-mul, the single rows of the head's prefill on the mat-vec.
         assert!(emu.launches_of("gemm_f16") > 0);
+        assert!(emu.launches_of("attn_prefill_f16_tc_hd64") > 0);
+        let f16_prefill = emu.launches_of("attn_prefill_f16");
+        assert_eq!(f16_prefill, emu.launches_of("attn_prefill_f16_tc"));
         assert!(emu.launches_of("mmq_q4_k_n8") > 0);
         assert!(emu.launches_of("mmv_") > 0);
     }
