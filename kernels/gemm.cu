@@ -12,7 +12,7 @@
 //       dequant.cu output, i.e. the GGUF matrix as stored
 //   c : m x n f32, row-major, ldc = n (same layout as the mat-vec output)
 //   k : a multiple of 8; a and b 16-byte aligned
-//   grid : (ceil(n / 128), ceil(m / 128)); block: 256 threads; static shared 40 KiB
+//   grid : (ceil(m / 128), ceil(n / 128)); block: 256 threads; static shared 40 KiB
 //
 // extern "C" __global__ void convert_f32_f16(const float* in, u16* out, i64 n)
 // extern "C" __global__ void convert_f32_bf16(const float* in, u16* out, i64 n)
@@ -25,6 +25,12 @@
 // padded from 32 to 40 halves (80 bytes), which makes every ldmatrix phase hit 8
 // distinct 16-byte bank groups. Out-of-range rows and the k tail are zero-filled by
 // cp.async, so any m, n and k % 8 == 0 work.
+//
+// Raster order: blockIdx.x runs over the activation tiles, so the blocks resident at
+// once share a few weight panels and cover every activation tile. Each weight panel
+// then comes from memory about once while the activations (2048 x 4096 f16 is 16 MiB)
+// stay in L2; the other order streams the whole weight matrix, which outgrows L2 on an
+// 8B model (117 MB for the FFN), once per 128 activation rows.
 #include "common.cuh"
 
 #define GEMM_BM 128
@@ -57,7 +63,7 @@ static __device__ void gemm(const u16* __restrict__ a, const u16* __restrict__ b
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps
-    const int bm = blockIdx.y * GEMM_BM, bn = blockIdx.x * GEMM_BN;
+    const int bm = blockIdx.x * GEMM_BM, bn = blockIdx.y * GEMM_BN;
 
     float acc[4][4][4];
 #pragma unroll

@@ -26,7 +26,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const MMV_ROWS_PER_BLOCK: usize = 4;
 /// Threads per mat-vec block.
 pub const MMV_THREADS: u32 = (MMV_WARPS * 32) as u32;
-/// Output tile and threads of the prefill GEMM: grid `(n.div_ceil(128), m.div_ceil(128))`.
+/// Output tile and threads of the prefill GEMM: grid `(tokens / 128, weight rows / 128)`,
+/// each rounded up.
 pub const GEMM_TILE: usize = 128;
 pub const GEMM_THREADS: u32 = 256;
 /// Threads of the decode attention and its reduction.

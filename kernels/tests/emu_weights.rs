@@ -365,8 +365,9 @@ fn half_values(b: &[u8], half: Half) -> Vec<f32> {
 fn tensor_core_gemm_matches_a_reference_product_with_bias_and_accumulate() {
     let Some(emu) = emulator() else { return };
     let mut rng = Rng::new(4);
-    // m and n past one 128 tile, k not a multiple of the 32-wide k step.
-    let (m, n, k) = (GEMM_TILE + 2, GEMM_TILE + 8, 72);
+    // m and n past one 128 tile, with different tile counts (a grid with its axes
+    // swapped leaves a tile out), k not a multiple of the 32-wide k step.
+    let (m, n, k) = (GEMM_TILE + 2, 2 * GEMM_TILE + 8, 72);
     for (half, with_bias, accumulate) in [(Half::F16, true, true), (Half::BF16, false, false)] {
         let a = rng.vec(m * k, 2.0);
         let b = rng.vec(n * k, 2.0);
@@ -414,8 +415,8 @@ fn tensor_core_gemm_matches_a_reference_product_with_bias_and_accumulate() {
         emu.launch(
             &names::gemm(half),
             [
-                n.div_ceil(GEMM_TILE) as u32,
                 m.div_ceil(GEMM_TILE) as u32,
+                n.div_ceil(GEMM_TILE) as u32,
                 1,
             ],
             [GEMM_THREADS, 1, 1],

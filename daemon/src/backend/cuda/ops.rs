@@ -192,8 +192,8 @@ pub fn gemm(
         &names::gemm(Half::F16),
         Launch::new(
             [
-                to_u32(w.rows.div_ceil(GEMM_TILE)),
                 to_u32(n.div_ceil(GEMM_TILE)),
+                to_u32(w.rows.div_ceil(GEMM_TILE)),
                 1,
             ],
             GEMM_THREADS,
