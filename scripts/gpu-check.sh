@@ -43,6 +43,12 @@
 #                                               batches twice, on the tensor-core
 #                                               mat-mul (first) and on the mat-vec
 #       {"kind":"prefill","tokens":512,"tok_s":4100.0}
+#   with --profile, then per-kernel device times (graphs off, each launch timed):
+#       {"kind":"profile","phase":"decode batch 1","steps":9,"kernel":"mmv_q4_k_b1",
+#        "launches":1152,"ms_per_step":5.1,"share":0.62}
+#                                               phases: decode at the smallest and the
+#                                               largest batch, prefill at the longest
+#       {"kind":"profile_error","error":"..."}  if timing failed (the rest stands)
 #
 # Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity]
 # Env: SPARKD (binary), SPARKD_GPU_CHECK_DIR (work dir, default ./gpu-check-work next to
@@ -165,10 +171,31 @@ if [ "$DO_BENCH" = 1 ]; then
   echo "benchmark: $(basename "$m") (Llama-3-8B shapes, Q4_K/Q6_K mix, random weights)"
   set +e
   timeout 1800 "$SPARKD" bench --device cuda --model "$m" --batches 1,8,32 \
-    --prefill 512,2048 --json > "$WORK/bench.jsonl" 2>> "$LOG"
+    --prefill 512,2048 --profile --json > "$WORK/bench.jsonl" 2>> "$LOG"
   rc=$?
   set -e
   [ $rc = 0 ] || { echo "  bench failed (exit $rc, see $LOG)"; failures=$((failures + 1)); }
+  # Where each phase's device time goes: its six costliest kernels.
+  phase=""; shown=0
+  while IFS= read -r line; do
+    case "$(field "$line" kind)" in
+      profile)
+        p=$(field "$line" phase)
+        if [ "$p" != "$phase" ]; then
+          [ -n "$phase" ] || { echo; echo "  where the time goes (launch by launch, no graphs)"; }
+          phase=$p; shown=0
+          echo "    $phase ($(field "$line" steps) steps)"
+        fi
+        shown=$((shown + 1))
+        if [ "$shown" -le 6 ]; then
+          awk -v k="$(field "$line" kernel)" -v ms="$(field "$line" ms_per_step)" \
+            -v sh="$(field "$line" share)" -v n="$(field "$line" launches)" -v st="$(field "$line" steps)" \
+            'BEGIN { printf "      %-28s %9.3f ms/step %5.1f%% %6.1f launches/step\n", k, ms, 100 * sh, n / (st > 0 ? st : 1) }'
+        fi ;;
+      profile_error) echo "  kernel profile failed: $(field "$line" error)" ;;
+    esac
+  done < "$WORK/bench.jsonl"
+  echo
   copy=""
   while IFS= read -r line; do
     case "$(field "$line" kind)" in

@@ -169,7 +169,7 @@ fn emit(line: serde_json::Value, json_out: bool) {
     }
 }
 
-/// `sparkd bench --device cuda`.
+/// `sparkd bench --device cuda`; with `profile`, per-kernel device times last.
 pub fn run(
     model: &Model,
     gpu_info: &GpuInfo,
@@ -177,6 +177,7 @@ pub fn run(
     batches: &[usize],
     prefills: &[usize],
     json_out: bool,
+    profile: bool,
 ) -> anyhow::Result<()> {
     let prompt = 16;
     let steps = 32;
@@ -243,7 +244,68 @@ pub fn run(
             json_out,
         );
     }
+    if profile {
+        // Timing launch by launch is driver code of its own: if it fails, the
+        // figures above still stand.
+        let prefill = prefills.iter().copied().max();
+        match kernel_profiles(&mut b, vocab, batches, prefill) {
+            Ok(lines) => lines.into_iter().for_each(|l| emit(l, json_out)),
+            Err(e) => emit(
+                json!({"kind": "profile_error", "error": format!("{e:#}")}),
+                json_out,
+            ),
+        }
+    }
     Ok(())
+}
+
+/// Where the device time of a step goes, kernel by kernel: a greedy decode at the
+/// smallest and the largest of `batches`, and one prefill of `prefill` tokens. One JSON
+/// line per kernel and phase, most time first, with its share of the phase.
+pub(crate) fn kernel_profiles<G: Gpu>(
+    b: &mut CudaBackend<G>,
+    vocab: usize,
+    batches: &[usize],
+    prefill: Option<usize>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut phases = Vec::new();
+    let mut decode_batches: Vec<usize> = [batches.iter().min(), batches.iter().max()]
+        .into_iter()
+        .flatten()
+        .map(|&n| n.max(1))
+        .collect();
+    decode_batches.dedup();
+    for batch in decode_batches {
+        b.kernel_profile_begin()?;
+        let run = greedy_decode(b, vocab, batch, 16, 8);
+        let p = b.kernel_profile_end()?;
+        run?;
+        phases.push((format!("decode batch {batch}"), p.decode_steps, p.decode));
+    }
+    if let Some(n) = prefill.filter(|&n| n > 0) {
+        b.kernel_profile_begin()?;
+        let run = prefill_best(b, vocab, n, 1);
+        let p = b.kernel_profile_end()?;
+        run?;
+        phases.push((format!("prefill {n}"), p.prefill_steps, p.prefill));
+    }
+    let mut lines = Vec::new();
+    for (phase, steps, kernels) in phases {
+        let total: f64 = kernels.iter().map(|k| k.time.as_secs_f64()).sum();
+        for k in kernels {
+            let secs = k.time.as_secs_f64();
+            lines.push(json!({
+                "kind": "profile",
+                "phase": phase,
+                "steps": steps,
+                "kernel": k.kernel,
+                "launches": k.launches,
+                "ms_per_step": 1e3 * secs / steps.max(1) as f64,
+                "share": if total > 0.0 { secs / total } else { 0.0 },
+            }));
+        }
+    }
+    Ok(lines)
 }
 
 /// Device-to-device copy bandwidth, (read + write) bytes / time, best of a few.
@@ -315,5 +377,55 @@ mod tests {
             assert_eq!(first[i], 0, "{prefix} in the f32 run");
             assert!(second[i] > 0, "{prefix} in the second run");
         }
+    }
+
+    /// `sparkd bench --profile` on the emulator: each phase holds its own steps'
+    /// kernels only, shares add up, and graphs are back on for the steps after it.
+    #[test]
+    fn kernel_profiles_split_decode_from_prefill_and_restore_graphs() {
+        let Ok(emu) = EmuGpu::new() else {
+            eprintln!("SKIPPED: the kernel emulator needs a C++ compiler");
+            return;
+        };
+        let mut s = SynthSpec::tiny();
+        s.n_layers = 1;
+        let bytes = synth_gguf(&s).expect("synth").to_bytes();
+        let gguf = crate::gguf::GgufFile::from_bytes(bytes).expect("parse");
+        let model = Model::from_file_unpacked(gguf, Path::new("tiny.gguf")).expect("load");
+        let opts = CudaOptions {
+            kv_tokens: 256,
+            ..CudaOptions::default()
+        };
+        let mut b = CudaBackend::new(&model, emu, opts).expect("upload");
+        let vocab = s.vocab_size;
+        let lines = kernel_profiles(&mut b, vocab, &[1, 4], Some(40)).expect("profiles");
+        let phases = ["decode batch 1", "decode batch 4", "prefill 40"];
+        for phase in phases {
+            let rows: Vec<_> = lines.iter().filter(|l| l["phase"] == phase).collect();
+            let kernels: Vec<&str> = rows.iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+            eprintln!("{phase}: {kernels:?}");
+            assert!(!rows.is_empty(), "{phase}");
+            let share: f64 = rows.iter().map(|l| l["share"].as_f64().unwrap()).sum();
+            assert!((share - 1.0).abs() < 1e-9, "{phase}: shares sum to {share}");
+            // greedy_decode: the warm-up step and 8 timed ones; a prefill is one step.
+            let steps = if phase.starts_with("decode") { 9 } else { 1 };
+            assert!(rows.iter().all(|l| l["steps"] == steps), "{phase}");
+            let has = |prefix: &str| kernels.iter().any(|k| k.starts_with(prefix));
+            assert_eq!(has("attn_decode_"), phase.starts_with("decode"), "{phase}");
+            assert_eq!(
+                has("attn_prefill_"),
+                !phase.starts_with("decode"),
+                "{phase}"
+            );
+        }
+        assert!(lines
+            .iter()
+            .any(|l| l["phase"] == "decode batch 4"
+                && l["kernel"].as_str().unwrap().starts_with("mmq_")));
+        // Profiling ran launch by launch; decode afterwards is graphed again.
+        assert_eq!(b.graph_counts().0, 0);
+        greedy_decode(&mut b, vocab, 1, 4, 2).expect("decode");
+        assert!(b.graph_counts().0 > 0, "graphs after the profile");
+        assert!(b.gpu_mut().take_kernel_times().expect("times").is_empty());
     }
 }

@@ -172,6 +172,10 @@ pub struct BenchArgs {
     /// CUDA only: prefill lengths in tokens.
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
     pub prefill: Vec<usize>,
+    /// CUDA only: then per-kernel device times of a decode step (smallest and largest
+    /// batch, launch by launch) and of the longest prefill.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 #[derive(Debug, Args)]
@@ -251,6 +255,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
                 &args.batches,
                 &args.prefill,
                 args.json,
+                args.profile,
             );
         }
     }

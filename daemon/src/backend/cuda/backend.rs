@@ -6,12 +6,13 @@
 //! for an error well inside the parity bar), the step's device scratch and the host
 //! copy of the logits the engine samples from.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sparkd_kernels::names::KvType;
 
-use super::gpu::{u32_bytes, Buf, Gpu, GpuError};
+use super::gpu::{kernel_times, u32_bytes, Buf, Gpu, GpuError, KernelTime};
 use super::graphs::Graphs;
 use super::weights::DevWeights;
 use crate::backend::{Backend, BackendError, DeviceReport};
@@ -127,6 +128,49 @@ pub struct CudaBackend<G: Gpu> {
     /// Rows of the last step that ran through the GEMM path (tests check both paths).
     pub(super) gemm_steps: u64,
     pub(super) graphs: Graphs,
+    /// Per-kernel device times while a kernel profile is being taken.
+    pub(super) profile: Option<ProfileTotals>,
+}
+
+/// Per-kernel device time by kind of step, taken between
+/// [`CudaBackend::kernel_profile_begin`] and [`CudaBackend::kernel_profile_end`].
+#[derive(Debug, Default, Clone)]
+pub struct KernelProfile {
+    /// Steps where every sequence brought one token, and their kernels, most time first.
+    pub decode_steps: u64,
+    pub decode: Vec<KernelTime>,
+    /// The other steps (prefill chunks, mixed steps).
+    pub prefill_steps: u64,
+    pub prefill: Vec<KernelTime>,
+}
+
+/// Running totals behind a [`KernelProfile`]: index 0 decode steps, 1 the others.
+#[derive(Debug, Default)]
+pub(super) struct ProfileTotals {
+    steps: [u64; 2],
+    kernels: [HashMap<String, (u64, Duration)>; 2],
+}
+
+impl ProfileTotals {
+    pub(super) fn add_step(&mut self, decode: bool, times: Vec<KernelTime>) {
+        let i = usize::from(!decode);
+        self.steps[i] += 1;
+        for t in times {
+            let e = self.kernels[i].entry(t.kernel).or_default();
+            e.0 += t.launches;
+            e.1 += t.time;
+        }
+    }
+
+    fn into_profile(self) -> KernelProfile {
+        let [decode, prefill] = self.kernels;
+        KernelProfile {
+            decode_steps: self.steps[0],
+            decode: kernel_times(decode),
+            prefill_steps: self.steps[1],
+            prefill: kernel_times(prefill),
+        }
+    }
 }
 
 impl<G: Gpu> CudaBackend<G> {
@@ -167,6 +211,7 @@ impl<G: Gpu> CudaBackend<G> {
             report,
             gemm_steps: 0,
             graphs: Graphs::default(),
+            profile: None,
         })
     }
 
@@ -201,6 +246,24 @@ impl<G: Gpu> CudaBackend<G> {
     /// Decode graphs captured and replayed so far.
     pub fn graph_counts(&self) -> (u64, u64) {
         (self.graphs.captured, self.graphs.replayed)
+    }
+
+    /// Starts timing every kernel launch on the device, per kind of step, for
+    /// `sparkd bench --profile`. Decode steps run launch by launch meanwhile, since a
+    /// graph's launches cannot be timed one by one: a profile shows where a step's
+    /// device time goes, not the step time with graphs.
+    pub fn kernel_profile_begin(&mut self) -> Result<(), GpuError> {
+        self.gpu.set_kernel_timing(true)?;
+        self.gpu.take_kernel_times()?;
+        self.profile = Some(ProfileTotals::default());
+        Ok(())
+    }
+
+    /// Stops timing and returns what the steps since `kernel_profile_begin` spent.
+    pub fn kernel_profile_end(&mut self) -> Result<KernelProfile, GpuError> {
+        let totals = self.profile.take().unwrap_or_default();
+        self.gpu.set_kernel_timing(false)?;
+        Ok(totals.into_profile())
     }
 
     /// Turns decode graphs on or off (benchmarks compare the two).

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sparkd_kernels::emu::{Arg, Emulator};
 
-use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, Launch};
+use super::gpu::{kernel_times, Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, Launch};
 use crate::backend::DeviceReport;
 
 pub struct EmuGpu {
@@ -29,6 +29,8 @@ pub struct EmuGpu {
     launches: u64,
     /// Per kernel: launches and wall time in the emulator (tests print where time goes).
     profile: HashMap<String, (u64, Duration)>,
+    /// The same since the last `take_kernel_times`, while kernel timing is on.
+    timed: Option<HashMap<String, (u64, Duration)>>,
     /// The launches recorded since `capture_begin`, while capturing.
     capturing: Option<Vec<Recorded>>,
     graphs: Vec<Option<Vec<Recorded>>>,
@@ -51,6 +53,7 @@ impl EmuGpu {
             step_started: None,
             launches: 0,
             profile: HashMap::new(),
+            timed: None,
             capturing: None,
             graphs: Vec::new(),
             upload_probe: None,
@@ -211,9 +214,12 @@ impl Gpu for EmuGpu {
                 .emu
                 .launch(kernel, cfg.grid, cfg.block, &mut emu_args)
                 .map_err(GpuError::from);
-            let e = self.profile.entry(kernel.to_string()).or_default();
-            e.0 += 1;
-            e.1 += t.elapsed();
+            let took = t.elapsed();
+            for totals in std::iter::once(&mut self.profile).chain(self.timed.as_mut()) {
+                let e = totals.entry(kernel.to_string()).or_default();
+                e.0 += 1;
+                e.1 += took;
+            }
             r
         };
         for (id, data) in taken {
@@ -224,6 +230,12 @@ impl Gpu for EmuGpu {
 
     fn capture_begin(&mut self) -> Result<(), GpuError> {
         self.not_capturing("a nested capture")?;
+        if self.timed.is_some() {
+            // As on the device, whose timing events cannot go into a graph.
+            return Err(GpuError::Unsupported(
+                "a graph capture while kernel timing is on".into(),
+            ));
+        }
         self.capturing = Some(Vec::new());
         Ok(())
     }
@@ -268,6 +280,24 @@ impl Gpu for EmuGpu {
             .step_started
             .take()
             .map_or(Duration::ZERO, |t| t.elapsed()))
+    }
+
+    fn set_kernel_timing(&mut self, on: bool) -> Result<(), GpuError> {
+        self.not_capturing("kernel timing")?;
+        match (on, self.timed.is_some()) {
+            (true, false) => self.timed = Some(HashMap::new()),
+            (false, _) => self.timed = None,
+            (true, true) => {}
+        }
+        Ok(())
+    }
+
+    fn take_kernel_times(&mut self) -> Result<Vec<KernelTime>, GpuError> {
+        Ok(self
+            .timed
+            .as_mut()
+            .map(|t| kernel_times(std::mem::take(t)))
+            .unwrap_or_default())
     }
 
     fn name(&self) -> String {

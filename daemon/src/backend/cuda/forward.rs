@@ -272,7 +272,8 @@ impl<G: Gpu> CudaBackend<G> {
             self.fetch_logits(0)?;
             return Ok(Duration::ZERO);
         }
-        let graphs = self.opts.graphs && !self.graphs.broken;
+        // A kernel profile times launches one by one, which a graph replay is not.
+        let graphs = self.opts.graphs && !self.graphs.broken && self.profile.is_none();
         let shape = StepShape::plan(batch, &self.opts, graphs);
         let meta = Meta::layout(&shape);
         let bufs = self.step_buffers(&shape, &meta)?;
@@ -287,6 +288,9 @@ impl<G: Gpu> CudaBackend<G> {
             None => self.encode(&shape, &meta, &bufs)?,
         }
         let elapsed = self.gpu.step_end()?;
+        if let Some(profile) = self.profile.as_mut() {
+            profile.add_step(shape.decode, self.gpu.take_kernel_times()?);
+        }
         if shape.matmul == Matmul::Gemm {
             self.gemm_steps += 1;
         }

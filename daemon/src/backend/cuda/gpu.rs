@@ -8,6 +8,7 @@
 //! buffer must alias there as they do on the device), and offsets are how the forward
 //! addresses a layer of the KV cache or a row of activations.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// An allocation on the device. Plain ids: the forward owns its buffers for its whole
@@ -135,6 +136,14 @@ pub trait Gpu: Send {
     fn step_begin(&mut self) -> Result<(), GpuError>;
     /// Ends the step: waits for it and returns its duration on the device.
     fn step_end(&mut self) -> Result<Duration, GpuError>;
+    /// Turns per-kernel timing on or off (profiling, never serving). While on, every
+    /// launch is timed on the device, launch by launch, so the forward must not capture
+    /// graphs meanwhile; a launch's time runs from the end of the timed launch before it
+    /// (or from the first's start), so it includes any wait between the two.
+    fn set_kernel_timing(&mut self, on: bool) -> Result<(), GpuError>;
+    /// Time per kernel since the last call, most first; waits for the queued work.
+    /// Empty while timing is off.
+    fn take_kernel_times(&mut self) -> Result<Vec<KernelTime>, GpuError>;
     /// Device-to-device copy of `bytes` bytes (benchmarks measure bandwidth with it).
     fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), GpuError>;
     /// `name (sm_NN)`.
@@ -143,6 +152,28 @@ pub trait Gpu: Send {
     fn memory(&self) -> Option<(u64, u64)>;
     /// For `Status`, usable from any thread.
     fn report(&self) -> std::sync::Arc<dyn crate::backend::DeviceReport>;
+}
+
+/// One kernel's share of a timed stretch of work ([`Gpu::take_kernel_times`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelTime {
+    pub kernel: String,
+    pub launches: u64,
+    pub time: Duration,
+}
+
+/// Per-kernel totals as [`Gpu::take_kernel_times`] returns them: most time first.
+pub fn kernel_times(totals: HashMap<String, (u64, Duration)>) -> Vec<KernelTime> {
+    let mut v: Vec<KernelTime> = totals
+        .into_iter()
+        .map(|(kernel, (launches, time))| KernelTime {
+            kernel,
+            launches,
+            time,
+        })
+        .collect();
+    v.sort_by(|a, b| b.time.cmp(&a.time).then_with(|| a.kernel.cmp(&b.kernel)));
+    v
 }
 
 /// Little-endian bytes of f32s (the host and every CUDA device are little-endian).

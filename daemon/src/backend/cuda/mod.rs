@@ -16,7 +16,7 @@ mod ops;
 pub mod real;
 mod weights;
 
-pub use backend::{CudaBackend, CudaOptions};
+pub use backend::{CudaBackend, CudaOptions, KernelProfile};
 pub use device::{probe, CudaVersion, DeviceChoice, DeviceError, DeviceRequest, GpuInfo};
 pub use emu::EmuGpu;
 pub use gpu::{Gpu, GpuError};

@@ -23,7 +23,7 @@ use cudarc::driver::result::{self, stream::StreamKind, DriverError};
 use cudarc::driver::{sys, CudaContext};
 use sparkd_kernels::Arch;
 
-use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, Launch};
+use super::gpu::{kernel_times, Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, Launch};
 use crate::backend::DeviceReport;
 
 fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuError {
@@ -50,6 +50,64 @@ pub struct CudaGpu {
     params: Vec<u64>,
     /// Captured graphs and their executable instances, by `GraphId`.
     graphs: Vec<Option<(sys::CUgraph, sys::CUgraphExec)>>,
+    /// Per-launch events while kernel timing is on.
+    timer: Option<LaunchTimer>,
+}
+
+/// Kernel timing: `events[0]` is recorded before the first timed launch and
+/// `events[i + 1]` after `kernels[i]`, so a launch's time is the gap between its event
+/// and the one before. Events are created as needed and reused after each flush.
+#[derive(Default)]
+struct LaunchTimer {
+    events: Vec<sys::CUevent>,
+    kernels: Vec<String>,
+    totals: HashMap<String, (u64, Duration)>,
+}
+
+impl LaunchTimer {
+    /// Flushing every this many launches keeps the pool of events bounded.
+    const MAX_PENDING: usize = 4096;
+
+    /// Records event `i` on `stream`, creating it first if the pool is short.
+    fn record(&mut self, i: usize, stream: sys::CUstream) -> Result<(), GpuError> {
+        if i == self.events.len() {
+            let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(driver("cuEventCreate"))?;
+            self.events.push(e);
+        }
+        // SAFETY: the event was created above or by an earlier call and is destroyed
+        // only in `destroy`; the stream is the caller's live stream.
+        unsafe { result::event::record(self.events[i], stream) }.map_err(driver("cuEventRecord"))
+    }
+
+    /// Waits for the recorded launches and adds their times to the totals.
+    fn flush(&mut self) -> Result<(), GpuError> {
+        let n = self.kernels.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: events 0..=n were recorded, in order, on one stream; once the last
+        // has completed, so have all before it.
+        unsafe {
+            result::event::synchronize(self.events[n]).map_err(driver("cuEventSynchronize"))?;
+            for (i, kernel) in self.kernels.drain(..).enumerate() {
+                let ms = result::event::elapsed(self.events[i], self.events[i + 1])
+                    .map_err(driver("cuEventElapsedTime"))?;
+                let e = self.totals.entry(kernel).or_default();
+                e.0 += 1;
+                e.1 += Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases the events (context bound by the caller, stream drained).
+    fn destroy(&mut self) {
+        for e in self.events.drain(..) {
+            // SAFETY: each event was created by `record` and is destroyed once here.
+            let _ = unsafe { result::event::destroy(e) };
+        }
+    }
 }
 
 // SAFETY: the raw driver handles (stream, modules, functions, events) belong to this
@@ -89,6 +147,7 @@ impl CudaGpu {
             arch,
             params: Vec::new(),
             graphs: Vec::new(),
+            timer: None,
         };
         for module in &ptx.modules {
             let image = CString::new(module.text()).map_err(|_| {
@@ -233,6 +292,11 @@ impl Gpu for CudaGpu {
             .iter_mut()
             .map(|p| p as *mut u64 as *mut c_void)
             .collect();
+        if let Some(t) = self.timer.as_mut() {
+            if t.kernels.is_empty() {
+                t.record(0, self.stream)?;
+            }
+        }
         // SAFETY: `f` is a function of a loaded module; `ptrs` points at one value per
         // kernel parameter, alive until cuLaunchKernel returns (it copies them); the
         // buffers the pointers address are allocated and stay so until `free`, which
@@ -250,10 +314,24 @@ impl Gpu for CudaGpu {
         .map_err(|e| GpuError::Launch {
             kernel: kernel.to_string(),
             message: driver("cuLaunchKernel")(e).to_string(),
-        })
+        })?;
+        if let Some(t) = self.timer.as_mut() {
+            t.record(t.kernels.len() + 1, self.stream)?;
+            t.kernels.push(kernel.to_string());
+            if t.kernels.len() >= LaunchTimer::MAX_PENDING {
+                t.flush()?;
+            }
+        }
+        Ok(())
     }
 
     fn capture_begin(&mut self) -> Result<(), GpuError> {
+        if self.timer.is_some() {
+            // Its events would be recorded into the graph, not around the launches.
+            return Err(GpuError::Unsupported(
+                "a graph capture while kernel timing is on".into(),
+            ));
+        }
         self.bind()?;
         // SAFETY: the stream was created in `new` and lives until Drop.
         unsafe {
@@ -339,6 +417,31 @@ impl Gpu for CudaGpu {
         Ok(Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3))
     }
 
+    fn set_kernel_timing(&mut self, on: bool) -> Result<(), GpuError> {
+        self.bind()?;
+        match (on, self.timer.take()) {
+            (true, t) => self.timer = Some(t.unwrap_or_default()),
+            (false, Some(mut t)) => {
+                // SAFETY: context bound; the stream is ours. Drained so that no
+                // recorded event is pending when it is destroyed.
+                unsafe { result::stream::synchronize(self.stream) }
+                    .map_err(driver("cuStreamSynchronize"))?;
+                t.destroy();
+            }
+            (false, None) => {}
+        }
+        Ok(())
+    }
+
+    fn take_kernel_times(&mut self) -> Result<Vec<KernelTime>, GpuError> {
+        self.bind()?;
+        let Some(t) = self.timer.as_mut() else {
+            return Ok(Vec::new());
+        };
+        t.flush()?;
+        Ok(kernel_times(std::mem::take(&mut t.totals)))
+    }
+
     fn name(&self) -> String {
         format!("{} ({})", self.name, self.arch)
     }
@@ -367,6 +470,9 @@ impl Drop for CudaGpu {
         // released exactly once here, after the stream has drained.
         unsafe {
             let _ = result::stream::synchronize(self.stream);
+            if let Some(mut t) = self.timer.take() {
+                t.destroy();
+            }
             for (g, exec) in self.graphs.drain(..).flatten() {
                 let _ = result::graph::exec_destroy(exec);
                 let _ = result::graph::destroy(g);
