@@ -108,6 +108,12 @@ static __device__ __forceinline__ float kv_load(const u16* p) { return f16_to_f3
 static __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
 static __device__ __forceinline__ void kv_store(u16* p, float v) { *p = f32_to_f16(v); }
 
+// SwiGLU's product silu(gate) * up, silu(g) = g / (1 + exp(-g)): the CPU's expression
+// (daemon/src/model/ops.rs silu_mul), so the rounding matches.
+static __device__ __forceinline__ float silu_mul(float gate, float up) {
+    return gate / (1.0f + expf(-gate)) * up;
+}
+
 // The epilogue of every weight product (mat-vec, tensor-core mat-mul, GEMM): `sum` plus
 // the output feature's bias when there is one, stored at `dst` or, for the fused
 // residual add, added to what is there.

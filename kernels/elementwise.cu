@@ -13,9 +13,7 @@
 extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* out, i64 n) {
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        // Same expression as the CPU (ops.rs silu_mul) so rounding matches.
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        out[i] = silu_mul(gate[i], up[i]);
     }
 }
 

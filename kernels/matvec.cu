@@ -16,6 +16,17 @@
 //   grid  : (ceil(rows / SPARKD_MMV_ROWS)); block: SPARKD_MMV_WARPS * 32 = 256 threads;
 //           static shared memory SPARKD_MMV_WARPS * SPARKD_MMV_ROWS * NB * 4 bytes
 //
+// extern "C" __global__ void mmv_glu_<fmt>_b<NB>(const u8* w_gate, const u8* w_up,
+//                                                const float* x, float* y, int rows,
+//                                                int cols, int nb)
+//   The FFN's gate and up products and SwiGLU in one launch, for decode batches of up to
+//   NB = 1 or 4 rows (larger ones take the tensor-core mat-mul):
+//   y[b][r] = silu(w_gate[r] . x[b]) * (w_up[r] . x[b]); both matrices rows x cols of
+//   one format. grid: (ceil(rows / (SPARKD_MMV_ROWS / 2))), block and shared as above:
+//   a block owns SPARKD_MMV_ROWS / 2 rows of each matrix, so it keeps as many weight
+//   loads in flight as the plain kernel, and the step saves two launches a layer (the
+//   up product's and SwiGLU's) and the round trip of both products through memory.
+//
 // Design: decode is bound by reading the weights, so each weight is read from memory
 // exactly once per step whatever the batch, and the kernel's job is to keep enough
 // bytes in flight to cover DRAM latency (about 3 MB across an H200). A block owns
@@ -31,23 +42,29 @@
 // shared memory in a fixed order.
 #include "quant.cuh"
 
-template <int T, int NB>
-static __device__ void mmv(const u8* __restrict__ w, const float* __restrict__ x,
-                           float* __restrict__ y, const float* __restrict__ bias, int rows,
-                           int cols, int nb, int accumulate) {
+// GLU: `w` is the gate matrix, `w_up` the up matrix; the block's weight rows are
+// OUT_ROWS rows of gate, then the same rows of up.
+template <int T, int NB, bool GLU>
+static __device__ void mmv(const u8* __restrict__ w, const u8* __restrict__ w_up,
+                           const float* __restrict__ x, float* __restrict__ y,
+                           const float* __restrict__ bias, int rows, int cols, int nb,
+                           int accumulate) {
     constexpr int WARPS = SPARKD_MMV_WARPS;
     constexpr int ROWS = SPARKD_MMV_ROWS;
+    constexpr int OUT_ROWS = GLU ? ROWS / 2 : ROWS;
     __shared__ float part[WARPS][ROWS * NB];
 
     nb = nb < NB ? nb : NB;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = blockIdx.x * ROWS;
+    const int row0 = blockIdx.x * OUT_ROWS;
     const u64 rb = row_bytes<T>(cols);
     // Rows past the end read the last row again; their sums are never written.
     const u8* wr[ROWS];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-        wr[r] = w + (u64)(row0 + r < rows ? row0 + r : rows - 1) * rb;
+    for (int r = 0; r < ROWS; ++r) {
+        const int row = row0 + r % OUT_ROWS;
+        wr[r] = (GLU && r >= OUT_ROWS ? w_up : w) + (u64)(row < rows ? row : rows - 1) * rb;
+    }
 
     float acc[ROWS][NB];
 #pragma unroll
@@ -96,13 +113,20 @@ static __device__ void mmv(const u8* __restrict__ w, const float* __restrict__ x
         for (int j = 0; j < HELD; ++j) part[warp][warp_split_index<V>(lane, j)] = sums[j];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < ROWS * NB; i += blockDim.x) {
+    for (int i = threadIdx.x; i < OUT_ROWS * NB; i += blockDim.x) {
         const int r = i / NB, b = i % NB, row = row0 + r;
         if (row >= rows || b >= nb) continue;
         float s = 0.0f;
 #pragma unroll
         for (int wp = 0; wp < WARPS; ++wp) s += part[wp][i];
-        store_output(y + (u64)b * rows + row, s, bias, row, accumulate);
+        if constexpr (GLU) {
+            float up = 0.0f;
+#pragma unroll
+            for (int wp = 0; wp < WARPS; ++wp) up += part[wp][OUT_ROWS * NB + i];
+            y[(u64)b * rows + row] = silu_mul(s, up);
+        } else {
+            store_output(y + (u64)b * rows + row, s, bias, row, accumulate);
+        }
     }
 }
 
@@ -110,11 +134,19 @@ static __device__ void mmv(const u8* __restrict__ w, const float* __restrict__ x
     extern "C" __global__ void __launch_bounds__(SPARKD_MMV_WARPS * 32, 1)               \
         mmv_##name##_b##NB(const u8* w, const float* x, float* y, const float* bias,     \
                            int rows, int cols, int nb, int accumulate) {                 \
-        mmv<T, NB>(w, x, y, bias, rows, cols, nb, accumulate);                           \
+        mmv<T, NB, false>(w, nullptr, x, y, bias, rows, cols, nb, accumulate);           \
+    }
+#define MMV_GLU_ENTRY(name, T, NB)                                                        \
+    extern "C" __global__ void __launch_bounds__(SPARKD_MMV_WARPS * 32, 1)               \
+        mmv_glu_##name##_b##NB(const u8* w_gate, const u8* w_up, const float* x,         \
+                               float* y, int rows, int cols, int nb) {                   \
+        mmv<T, NB, true>(w_gate, w_up, x, y, nullptr, rows, cols, nb, 0);                \
     }
 #define MMV_ALL_BATCHES(name, T) \
     MMV_ENTRY(name, T, 1)        \
     MMV_ENTRY(name, T, 4)        \
     MMV_ENTRY(name, T, 8)        \
-    MMV_ENTRY(name, T, 16)
+    MMV_ENTRY(name, T, 16)       \
+    MMV_GLU_ENTRY(name, T, 1)    \
+    MMV_GLU_ENTRY(name, T, 4)
 SPARKD_FOR_EACH_WTYPE(MMV_ALL_BATCHES)

@@ -24,6 +24,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 /// Weight rows one mat-vec block covers: the grid is `rows.div_ceil(MMV_ROWS_PER_BLOCK)`.
 pub const MMV_ROWS_PER_BLOCK: usize = 4;
+/// Rows of each matrix one fused gate/up mat-vec (`mmv_glu`) block covers.
+pub const MMV_GLU_ROWS_PER_BLOCK: usize = MMV_ROWS_PER_BLOCK / 2;
 /// Threads per mat-vec block.
 pub const MMV_THREADS: u32 = (MMV_WARPS * 32) as u32;
 /// Output tile and threads of the prefill GEMM: grid `(tokens / 128, weight rows / 128)`,

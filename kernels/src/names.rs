@@ -136,6 +136,15 @@ pub fn mmv_variant(n: usize) -> Option<usize> {
     MMV_BATCHES.into_iter().find(|&b| b >= n.max(1))
 }
 
+/// The batch variants of the fused gate/up/SwiGLU mat-vec (`mmv_glu`): decode batches
+/// up to 4; larger ones take the tensor-core mat-mul.
+pub const MMV_GLU_BATCHES: [usize; 2] = [1, 4];
+
+/// The `mmv_glu` variant for `n` activation rows, `None` above the largest.
+pub fn mmv_glu_variant(n: usize) -> Option<usize> {
+    MMV_GLU_BATCHES.into_iter().find(|&b| b >= n.max(1))
+}
+
 /// The activation-row widths the tensor-core mat-mul kernels are compiled for.
 pub const MMQ_WIDTHS: [usize; 4] = [8, 16, 32, 64];
 
@@ -152,6 +161,11 @@ pub fn embed(ty: WeightType) -> String {
 /// `batch` must be one of [`MMV_BATCHES`] (see [`mmv_variant`]).
 pub fn mmv(ty: WeightType, batch: usize) -> String {
     format!("mmv_{}_b{batch}", ty.suffix())
+}
+
+/// `batch` must be one of [`MMV_GLU_BATCHES`] (see [`mmv_glu_variant`]).
+pub fn mmv_glu(ty: WeightType, batch: usize) -> String {
+    format!("mmv_glu_{}_b{batch}", ty.suffix())
 }
 
 /// `width` must be one of [`MMQ_WIDTHS`] (see [`mmq_variant`]).
@@ -209,6 +223,9 @@ pub fn all() -> Vec<(&'static str, String)> {
         v.push(("embed.cu", embed(ty)));
         for b in MMV_BATCHES {
             v.push(("matvec.cu", mmv(ty, b)));
+        }
+        for b in MMV_GLU_BATCHES {
+            v.push(("matvec.cu", mmv_glu(ty, b)));
         }
         for width in MMQ_WIDTHS {
             v.push(("mmq.cu", mmq(ty, width)));

@@ -229,6 +229,55 @@ fn matvec_matches_the_dequantized_product_for_every_format_and_batch_variant() {
 }
 
 #[test]
+fn fused_gate_up_matvec_applies_swiglu_for_every_format() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(8);
+    let rows = 37; // an odd count: the last block's second row is past the end
+    for ty in WeightType::ALL {
+        let cols = cols_for(ty);
+        let (gate, up) = (
+            random_weights(ty, rows, cols, &mut rng),
+            random_weights(ty, rows, cols, &mut rng),
+        );
+        let (gf, uf) = (
+            reference_rows(ty, &gate, rows, cols),
+            reference_rows(ty, &up, rows, cols),
+        );
+        for (nb_max, nb) in [(1, 1), (4, 3)] {
+            let x = rng.vec(nb * cols, 1.0);
+            let (g, g_mag) = matvec_reference(&gf, &x, rows, cols, nb, None, None);
+            let (u, u_mag) = matvec_reference(&uf, &x, rows, cols, nb, None, None);
+            // silu(g) u and a bound for it: each product within 1e-5 of its sum of
+            // |terms| (as the plain mat-vec), carried through silu (slope under 1.1)
+            // and the product; plus f32 rounding of the result.
+            let silu = |g: f64| g / (1.0 + (-g).exp());
+            let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+            let mag: Vec<f64> = (0..g.len())
+                .map(|i| 1.1 * g_mag[i] * u[i].abs() + silu(g[i]).abs() * u_mag[i])
+                .collect();
+            let mut yb = vec![0; nb * rows * 4];
+            emu.launch(
+                &names::mmv_glu(ty, nb_max),
+                [rows.div_ceil(MMV_ROWS_PER_BLOCK / 2) as u32, 1, 1],
+                [MMV_THREADS, 1, 1],
+                &mut [
+                    Arg::Buf(&mut gate.clone()),
+                    Arg::Buf(&mut up.clone()),
+                    Arg::Buf(&mut f32_bytes(&x)),
+                    Arg::Buf(&mut yb),
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                    Arg::I32(nb as i32),
+                ],
+            )
+            .unwrap();
+            let what = format!("{} nb={nb}", names::mmv_glu(ty, nb_max));
+            assert_close(&what, &bytes_f32(&yb), &want, &mag, 1e-5);
+        }
+    }
+}
+
+#[test]
 fn matvec_walks_long_rows_in_several_strides_per_warp() {
     let Some(emu) = emulator() else { return };
     let mut rng = Rng::new(7);

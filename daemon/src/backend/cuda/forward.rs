@@ -6,7 +6,8 @@
 //! per-head q/k RMSNorm → RoPE → KV write into the paged cache → attention (split-K
 //! decode when every sequence brings one token, else the causal prefill kernel, on
 //! tensor cores with the f16 cache) →
-//! output projection with the residual add fused → RMSNorm → gate, up → SwiGLU → down
+//! output projection with the residual add fused → RMSNorm → gate, up → SwiGLU (one
+//! fused mat-vec launch for decode batches of up to 4) → down
 //! with the residual fused → final RMSNorm of the rows that want logits → output head
 //! → logits downloaded.
 //!
@@ -515,9 +516,16 @@ impl<G: Gpu> CudaBackend<G> {
             // The residual add is fused: x += attn Wo^T.
             matmul(g, &l.wo, attn.ptr(), x.ptr(), n, None, true)?;
             ops::rmsnorm(g, x.ptr(), l.ffn_norm, xn.ptr(), n, d, cfg.rms_eps)?;
-            matmul(g, &l.w_gate, xn.ptr(), gate.ptr(), n, None, false)?;
-            matmul(g, &l.w_up, xn.ptr(), up.ptr(), n, None, false)?;
-            ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
+            if Matmul::for_rows(n, opts) == Matmul::MatVec
+                && ops::matvec_glu_fits(&l.w_gate, &l.w_up, n)
+            {
+                // Small decode batches: both products and SwiGLU in one launch.
+                ops::matvec_glu(g, &l.w_gate, &l.w_up, xn.ptr(), gate.ptr(), n)?;
+            } else {
+                matmul(g, &l.w_gate, xn.ptr(), gate.ptr(), n, None, false)?;
+                matmul(g, &l.w_up, xn.ptr(), up.ptr(), n, None, false)?;
+                ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
+            }
             matmul(g, &l.w_down, gate.ptr(), x.ptr(), n, None, true)?;
         }
 

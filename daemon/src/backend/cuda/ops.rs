@@ -5,7 +5,7 @@
 use sparkd_kernels::consts::{
     ATTN_DECODE_THREADS, ATTN_PREFILL_QUERIES, ATTN_PREFILL_TC_QUERIES, ATTN_PREFILL_TC_THREADS,
     ATTN_PREFILL_THREADS, GEMM_THREADS, GEMM_TILE, MMQ_MAX_TOKENS, MMQ_ROWS, MMQ_THREADS,
-    MMV_MAX_BATCH, MMV_ROWS_PER_BLOCK, MMV_THREADS,
+    MMV_GLU_ROWS_PER_BLOCK, MMV_MAX_BATCH, MMV_ROWS_PER_BLOCK, MMV_THREADS,
 };
 use sparkd_kernels::names::{self, Half, KvType};
 
@@ -109,6 +109,42 @@ pub fn matvec(
         row += nb;
     }
     Ok(())
+}
+
+/// Whether the FFN's `gate` and `up` can take the fused mat-vec (`matvec_glu`) for `n`
+/// activation rows: one format and shape, and a batch it is compiled for.
+pub fn matvec_glu_fits(gate: &DevMatrix, up: &DevMatrix, n: usize) -> bool {
+    gate.ty == up.ty
+        && (gate.rows, gate.cols) == (up.rows, up.cols)
+        && names::mmv_glu_variant(n).is_some()
+}
+
+/// `y = silu(x Wg^T) * (x Wu^T)` in one launch, for `n` rows within
+/// [`matvec_glu_fits`].
+pub fn matvec_glu(
+    gpu: &mut dyn Gpu,
+    gate: &DevMatrix,
+    up: &DevMatrix,
+    x: DevPtr,
+    y: DevPtr,
+    n: usize,
+) -> Result<(), GpuError> {
+    let variant = names::mmv_glu_variant(n)
+        .filter(|_| matvec_glu_fits(gate, up, n))
+        .ok_or_else(|| GpuError::Unsupported(format!("a fused gate/up mat-vec of {n} rows")))?;
+    gpu.launch(
+        &names::mmv_glu(gate.ty, variant),
+        Launch::linear(gate.rows.div_ceil(MMV_GLU_ROWS_PER_BLOCK), MMV_THREADS),
+        &[
+            KArg::Ptr(gate.buf.ptr()),
+            KArg::Ptr(up.buf.ptr()),
+            KArg::Ptr(x),
+            KArg::Ptr(y),
+            i32_arg(gate.rows),
+            i32_arg(gate.cols),
+            i32_arg(n),
+        ],
+    )
 }
 
 /// The first `count` f32s at `x` rounded to f16 into `a16`: the activation operand of

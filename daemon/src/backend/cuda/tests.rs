@@ -192,6 +192,8 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q4_1_matvec_only() {
     if let Some(emu) = emu {
         assert!(emu.launches_of("mmv_q4_1_b16") > 0);
         assert_eq!(emu.launches_of("mmq_"), 0);
+        // The decode steps (two sequences) fuse gate, up and SwiGLU.
+        assert!(emu.launches_of("mmv_glu_q4_1_b4") > 0);
     }
 }
 
