@@ -22,11 +22,10 @@
 #include "../elementwise.cu"
 #include "../embed.cu"
 #include "../gemm.cu"
-#include "../kv.cu"
 #include "../matvec.cu"
 #include "../mmq.cu"
 #include "../rmsnorm.cu"
-#include "../rope.cu"
+#include "../rope_kv.cu"
 
 #include <cstdio>
 #include <fstream>
@@ -112,12 +111,12 @@ std::map<std::string, Runner> kernels() {
     REG(dequant_##name##_bf16)
     SPARKD_FOR_EACH_WTYPE(REG_W)
     REG(gemm_f16) REG(gemm_bf16) REG(convert_f32_f16) REG(convert_f32_bf16)
-    REG(kv_write_f32) REG(kv_write_f16)
+    REG(rope_kv_write_f32) REG(rope_kv_write_f16)
     REG(attn_decode_f32) REG(attn_decode_f16) REG(attn_decode_reduce)
     REG(attn_prefill_f32) REG(attn_prefill_f16)
     REG(attn_prefill_f16_tc_hd32) REG(attn_prefill_f16_tc_hd64)
     REG(attn_prefill_f16_tc_hd96) REG(attn_prefill_f16_tc_hd128)
-    REG(rmsnorm_f32) REG(rmsnorm_residual_f32) REG(rope_f32)
+    REG(rmsnorm_f32) REG(rmsnorm_residual_f32)
     REG(swiglu_f32) REG(add_f32) REG(add_bias_f32) REG(argmax_f32)
 #undef REG_W
 #undef REG

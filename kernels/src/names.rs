@@ -185,8 +185,9 @@ pub fn convert_from_f32(ty: Half) -> String {
     format!("convert_f32_{}", ty.suffix())
 }
 
-pub fn kv_write(ty: KvType) -> String {
-    format!("kv_write_{}", ty.suffix())
+/// RoPE on q and k, and the keys and values into the cache (`rope_kv.cu`).
+pub fn rope_kv_write(ty: KvType) -> String {
+    format!("rope_kv_write_{}", ty.suffix())
 }
 
 pub fn attn_decode(ty: KvType) -> String {
@@ -210,7 +211,6 @@ pub fn attn_prefill_tc(ty: KvType, head_dim: usize) -> Option<String> {
 pub const ATTN_DECODE_REDUCE: &str = "attn_decode_reduce";
 pub const RMSNORM: &str = "rmsnorm_f32";
 pub const RMSNORM_RESIDUAL: &str = "rmsnorm_residual_f32";
-pub const ROPE: &str = "rope_f32";
 pub const SWIGLU: &str = "swiglu_f32";
 pub const ADD: &str = "add_f32";
 pub const ADD_BIAS: &str = "add_bias_f32";
@@ -239,7 +239,7 @@ pub fn all() -> Vec<(&'static str, String)> {
         v.push(("gemm.cu", convert_from_f32(h)));
     }
     for kv in [KvType::F32, KvType::F16] {
-        v.push(("kv.cu", kv_write(kv)));
+        v.push(("rope_kv.cu", rope_kv_write(kv)));
         v.push(("attn_decode.cu", attn_decode(kv)));
         v.push(("attn_prefill.cu", attn_prefill(kv)));
     }
@@ -249,7 +249,6 @@ pub fn all() -> Vec<(&'static str, String)> {
     v.push(("attn_decode.cu", ATTN_DECODE_REDUCE.into()));
     v.push(("rmsnorm.cu", RMSNORM.into()));
     v.push(("rmsnorm.cu", RMSNORM_RESIDUAL.into()));
-    v.push(("rope.cu", ROPE.into()));
     for k in [SWIGLU, ADD, ADD_BIAS] {
         v.push(("elementwise.cu", k.into()));
     }

@@ -81,28 +81,38 @@ fn rmsnorm_and_the_fused_residual_variant_match_the_reference() {
 }
 
 #[test]
-fn rope_rotates_the_right_pairs_for_both_styles_and_leaves_the_rest() {
+fn rope_kv_write_rotates_q_in_place_and_k_into_the_cache_beside_v() {
     let Some(emu) = emulator() else { return };
     let mut rng = Rng::new(12);
     let (n_tok, nq, nkv, hd) = (3, 4, 2, 64);
+    let kv_dim = nkv * hd;
     let n_pairs = 24; // partial rotary: dims 48..64 pass through
     let pos = [0i32, 7, 100_000];
+    // Token 1 is padding: its keys and values go nowhere.
+    let slots = [5i32, -1, 17];
+    let n_slots = 2 * KV_BLOCK_TOKENS;
     let inv: Vec<f32> = (0..n_pairs)
         .map(|i| 10_000f32.powf(-2.0 * i as f32 / (2 * n_pairs) as f32))
         .collect();
     for (neox, scale) in [(0, 1.0f32), (1, 4.0)] {
         let q = rng.vec(n_tok * nq * hd, 1.0);
-        let k = rng.vec(n_tok * nkv * hd, 1.0);
-        let mut qb = f32_bytes(&q);
-        let mut kb = f32_bytes(&k);
+        let k = rng.vec(n_tok * kv_dim, 1.0);
+        let v = rng.vec(n_tok * kv_dim, 1.0);
+        let (mut qb, mut kb, mut vb) = (f32_bytes(&q), f32_bytes(&k), f32_bytes(&v));
+        let mut k_cache = f32_bytes(&vec![f32::NAN; n_slots * kv_dim]);
+        let mut v_cache = k_cache.clone();
         emu.launch(
-            names::ROPE,
+            &names::rope_kv_write(KvType::F32),
             [2, 1, 1],
             [64, 1, 1],
             &mut [
                 Arg::Buf(&mut qb),
                 Arg::Buf(&mut kb),
+                Arg::Buf(&mut vb),
+                Arg::Buf(&mut k_cache),
+                Arg::Buf(&mut v_cache),
                 Arg::Buf(&mut i32_bytes(&pos)),
+                Arg::Buf(&mut i32_bytes(&slots)),
                 Arg::Buf(&mut f32_bytes(&inv)),
                 Arg::I32(n_tok as i32),
                 Arg::I32(nq as i32),
@@ -114,34 +124,50 @@ fn rope_rotates_the_right_pairs_for_both_styles_and_leaves_the_rest() {
             ],
         )
         .unwrap();
-        for (name, orig, got, heads) in [
-            ("q", &q, bytes_f32(&qb), nq),
-            ("k", &k, bytes_f32(&kb), nkv),
-        ] {
-            for (t, &tpos) in pos.iter().enumerate() {
-                for h in 0..heads {
-                    let o = (t * heads + h) * hd;
-                    let mut want: Vec<f64> = orig[o..o + hd].iter().map(|&v| v as f64).collect();
-                    for (i, &f) in inv.iter().enumerate() {
-                        // The angle is formed in f32, as the CPU does.
-                        let angle = (tpos as f32 / scale * f) as f64;
-                        let (a, b) = if neox == 1 {
-                            (i, i + n_pairs)
-                        } else {
-                            (2 * i, 2 * i + 1)
-                        };
-                        let (x0, x1) = (orig[o + a] as f64, orig[o + b] as f64);
-                        want[a] = x0 * angle.cos() - x1 * angle.sin();
-                        want[b] = x0 * angle.sin() + x1 * angle.cos();
-                    }
-                    let what = format!("rope {name} neox={neox} token {t} head {h}");
-                    assert_close(&what, &got[o..o + hd], &want, &[1.0; 64], 1e-5);
-                    assert_eq!(
-                        &got[o + 2 * n_pairs..o + hd],
-                        &orig[o + 2 * n_pairs..o + hd]
-                    );
-                }
+        assert_eq!(bytes_f32(&kb), k, "k is read, not rotated in memory");
+        assert_eq!(bytes_f32(&vb), v);
+        let rotated = |orig: &[f32], tpos: i32| -> Vec<f64> {
+            let mut want: Vec<f64> = orig.iter().map(|&v| v as f64).collect();
+            for (i, &f) in inv.iter().enumerate() {
+                // The angle is formed in f32, as the CPU does.
+                let angle = (tpos as f32 / scale * f) as f64;
+                let (a, b) = if neox == 1 {
+                    (i, i + n_pairs)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (x0, x1) = (orig[a] as f64, orig[b] as f64);
+                want[a] = x0 * angle.cos() - x1 * angle.sin();
+                want[b] = x0 * angle.sin() + x1 * angle.cos();
             }
+            want
+        };
+        let (got_q, got_k, got_v) = (bytes_f32(&qb), bytes_f32(&k_cache), bytes_f32(&v_cache));
+        for (t, &tpos) in pos.iter().enumerate() {
+            for h in 0..nq {
+                let o = (t * nq + h) * hd;
+                let what = format!("q neox={neox} token {t} head {h}");
+                let want = rotated(&q[o..o + hd], tpos);
+                assert_close(&what, &got_q[o..o + hd], &want, &[1.0; 64], 1e-5);
+                assert_eq!(&got_q[o + 2 * n_pairs..o + hd], &q[o + 2 * n_pairs..o + hd]);
+            }
+            let Ok(slot) = usize::try_from(slots[t]) else {
+                continue;
+            };
+            for h in 0..nkv {
+                let (o, c) = (t * kv_dim + h * hd, slot * kv_dim + h * hd);
+                let what = format!("cached k neox={neox} token {t} head {h}");
+                let want = rotated(&k[o..o + hd], tpos);
+                assert_close(&what, &got_k[c..c + hd], &want, &[1.0; 64], 1e-5);
+                assert_eq!(&got_k[c + 2 * n_pairs..c + hd], &k[o + 2 * n_pairs..o + hd]);
+                assert_eq!(&got_v[c..c + hd], &v[o..o + hd], "cached v token {t}");
+            }
+        }
+        // Only the two real tokens' slots were written.
+        for s in (0..n_slots).filter(|s| ![5, 17].contains(s)) {
+            let row = s * kv_dim..(s + 1) * kv_dim;
+            assert!(got_k[row.clone()].iter().all(|x| x.is_nan()), "k slot {s}");
+            assert!(got_v[row].iter().all(|x| x.is_nan()), "v slot {s}");
         }
     }
 }
@@ -261,7 +287,8 @@ fn argmax_takes_the_lowest_index_of_the_maximum_and_ignores_nan() {
     assert_eq!(bytes_u32(&out), want);
 }
 
-/// A paged KV cache built through the kv_write kernel, with its f64 view for references.
+/// A paged KV cache built through the rope_kv_write kernel, with its f64 view for
+/// references.
 struct Paged {
     kv: KvType,
     kv_dim: usize,
@@ -311,18 +338,28 @@ impl Paged {
                         + (pos % KV_BLOCK_TOKENS) as i32
                 })
                 .collect();
+            // No q heads and no rotated pairs: the keys and values stored as they are
+            // (one "head" of kv_dim; the positions and frequencies are never read).
             emu.launch(
-                &names::kv_write(kv),
+                &names::rope_kv_write(kv),
                 [3, 1, 1],
                 [256, 1, 1],
                 &mut [
+                    Arg::Null,
                     Arg::Buf(&mut f32_bytes(&k)),
                     Arg::Buf(&mut f32_bytes(&v)),
                     Arg::Buf(&mut p.k_cache),
                     Arg::Buf(&mut p.v_cache),
+                    Arg::Null,
                     Arg::Buf(&mut i32_bytes(&slots)),
+                    Arg::Null,
                     Arg::I32(len as i32),
+                    Arg::I32(0),
+                    Arg::I32(1),
                     Arg::I32(kv_dim as i32),
+                    Arg::I32(0),
+                    Arg::F32(1.0),
+                    Arg::I32(0),
                 ],
             )
             .unwrap();

@@ -80,7 +80,7 @@ fn every_module_compiles_cleanly_for_hopper_and_gb10() {
             // Register arrays that NVRTC could not keep in registers (dynamic indexing)
             // become local-memory frames, far slower than the design assumes. RoPE's
             // only frame is sincosf's argument reduction for angles past ~1e5 radians.
-            if text.contains(".local .align") && *module != "rope.cu" {
+            if text.contains(".local .align") && *module != "rope_kv.cu" {
                 failures.push(format!("{module} for {arch}: PTX uses local memory"));
             }
         }
@@ -96,8 +96,8 @@ fn compiled_ptx_is_cached_and_reused() {
     let dir = std::env::temp_dir().join(format!("sparkd-ptx-it-{}", std::process::id()));
     let compiler = Compiler::new().with_cache(PtxCache::new(&dir));
     let arch: Arch = "sm_121".parse().unwrap();
-    let first = compiler.compile_module("rope.cu", arch).unwrap();
-    let second = compiler.compile_module("rope.cu", arch).unwrap();
+    let first = compiler.compile_module("rope_kv.cu", arch).unwrap();
+    let second = compiler.compile_module("rope_kv.cu", arch).unwrap();
     let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
     std::fs::remove_dir_all(&dir).ok();
     assert!(!first.from_cache);
@@ -147,7 +147,7 @@ fn no_kernel_spills_registers_on_hopper_or_gb10() {
             }
             for (kernel, frame, spills) in frames {
                 // See above: RoPE's frame is sincosf's slow path, not a spill.
-                if spills > 0 || (frame > 0 && module != &"rope.cu") {
+                if spills > 0 || (frame > 0 && module != &"rope_kv.cu") {
                     failures.push(format!(
                         "{kernel} for {arch}: {frame} bytes stack frame, {spills} bytes spilled"
                     ));

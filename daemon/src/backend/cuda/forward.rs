@@ -3,13 +3,12 @@
 //!
 //! embedding → per layer: RMSNorm → q, k, v ([`Matmul`]: the mat-vec, the tensor-core
 //! mat-mul or dequantize + GEMM, by the step's rows; Qwen2's biases fused in) → Qwen3's
-//! per-head q/k RMSNorm → RoPE → KV write into the paged cache → attention (split-K
-//! decode when every sequence brings one token, else the causal prefill kernel, on
-//! tensor cores with the f16 cache) →
-//! output projection with the residual add fused → RMSNorm → gate, up → SwiGLU (one
-//! fused mat-vec launch for decode batches of up to 4) → down
-//! with the residual fused → final RMSNorm of the rows that want logits → output head
-//! → logits downloaded.
+//! per-head q/k RMSNorm → RoPE and the KV write into the paged cache (one launch) →
+//! attention (split-K decode when every sequence brings one token, else the causal
+//! prefill kernel, on tensor cores with the f16 cache) → output projection with the
+//! residual add fused → RMSNorm → gate, up → SwiGLU (one fused mat-vec launch for
+//! decode batches of up to 4) → down with the residual fused → final RMSNorm of the
+//! rows that want logits → output head → logits downloaded.
 //!
 //! The host uploads one small table per step (token ids, positions, cache slots, block
 //! tables, per-sequence lengths), so each step costs one host-to-device copy and one
@@ -26,7 +25,7 @@ use sparkd_kernels::consts::ATTN_PARTITION;
 use super::backend::{ensure, token_bytes, CudaBackend};
 use super::gpu::{i32_bytes, Buf, DevPtr, Gpu, GpuError};
 use super::graphs::{GraphKey, MAX_GRAPH_SEQS};
-use super::ops::{self, AttnInputs, AttnShape};
+use super::ops::{self, AttnInputs, AttnShape, NewTokens, Rope};
 use super::weights::DevMatrix;
 use crate::model::config::RopeStyle;
 use crate::model::{SeqInput, BLOCK_TOKENS};
@@ -429,7 +428,12 @@ impl<G: Gpu> CudaBackend<G> {
         let (x, xn, q, k, v) = (b.x, b.xn, b.q, b.k, b.v);
         let (attn, gate, up) = (b.attn, b.gate, b.up);
         ops::embed(g, &self.w.tok_embd, at(meta.tokens), x.ptr(), n)?;
-        let neox = cfg.arch.rope_style() == RopeStyle::Neox;
+        let rope = Rope {
+            inv_freq: self.w.rope_inv_freq,
+            n_pairs: cfg.rope_dim / 2,
+            linear_scale: cfg.rope_linear_scale,
+            neox: cfg.arch.rope_style() == RopeStyle::Neox,
+        };
         let kv_type = self.opts.kv_type;
         let layer_kv_bytes = self.pool.total_blocks() * BLOCK_TOKENS * kv_dim * kv_type.bytes();
         let attn_shape = AttnShape {
@@ -459,32 +463,18 @@ impl<G: Gpu> CudaBackend<G> {
                     cfg.rms_eps,
                 )?;
             }
-            ops::rope(
-                g,
-                q.ptr(),
-                k.ptr(),
-                at(meta.pos),
-                self.w.rope_inv_freq,
-                n,
-                (cfg.n_heads, cfg.n_kv_heads),
-                hd,
-                cfg.rope_dim / 2,
-                cfg.rope_linear_scale,
-                neox,
-            )?;
             let kc = self.k_cache.at(li * layer_kv_bytes);
             let vc = self.v_cache.at(li * layer_kv_bytes);
-            ops::kv_write(
-                g,
-                k.ptr(),
-                v.ptr(),
-                kc,
-                vc,
-                at(meta.slots),
+            let new_tokens = NewTokens {
                 n,
-                kv_dim,
-                kv_type,
-            )?;
+                q: q.ptr(),
+                k: k.ptr(),
+                v: v.ptr(),
+                pos: at(meta.pos),
+                slots: at(meta.slots),
+            };
+            let heads = (cfg.n_heads, cfg.n_kv_heads, hd);
+            ops::rope_kv_write(g, new_tokens, rope, heads, (kc, vc, kv_type))?;
             let io = AttnInputs {
                 q: q.ptr(),
                 k_cache: kc,

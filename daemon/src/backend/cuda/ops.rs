@@ -247,68 +247,60 @@ pub fn gemm(
     )
 }
 
-/// Rotates `q` and `k` in place at the tokens' positions.
-#[allow(clippy::too_many_arguments)]
-pub fn rope(
+/// The model's rotary embedding.
+#[derive(Debug, Clone, Copy)]
+pub struct Rope {
+    pub inv_freq: Buf,
+    /// Rotated pairs per head (`rope_dim / 2`); dimensions past them pass through.
+    pub n_pairs: usize,
+    pub linear_scale: f32,
+    pub neox: bool,
+}
+
+/// A layer's new tokens: q, k, v (`n` rows) and where their keys and values go.
+#[derive(Debug, Clone, Copy)]
+pub struct NewTokens {
+    pub n: usize,
+    pub q: DevPtr,
+    pub k: DevPtr,
+    pub v: DevPtr,
+    /// Per token: its position, and its cache slot (`block * 16 + slot`, -1 to skip).
+    pub pos: DevPtr,
+    pub slots: DevPtr,
+}
+
+/// Rotates `q` in place and `k` into the layer's cache at the tokens' positions, and
+/// stores the values beside the keys: one launch.
+pub fn rope_kv_write(
     gpu: &mut dyn Gpu,
-    q: DevPtr,
-    k: DevPtr,
-    pos: DevPtr,
-    inv_freq: Buf,
-    n: usize,
-    heads: (usize, usize),
-    head_dim: usize,
-    n_pairs: usize,
-    linear_scale: f32,
-    neox: bool,
+    t: NewTokens,
+    rope: Rope,
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    (k_cache, v_cache, kv): (DevPtr, DevPtr, KvType),
 ) -> Result<(), GpuError> {
-    let total = n * (heads.0 + heads.1) * n_pairs;
+    let total = t.n * (n_heads + n_kv_heads) * (head_dim / 2);
     if total == 0 {
         return Ok(());
     }
     gpu.launch(
-        names::ROPE,
+        &names::rope_kv_write(kv),
         Launch::linear(stride_blocks(total), EW_THREADS),
         &[
-            KArg::Ptr(q),
-            KArg::Ptr(k),
-            KArg::Ptr(pos),
-            KArg::Ptr(inv_freq.ptr()),
-            i32_arg(n),
-            i32_arg(heads.0),
-            i32_arg(heads.1),
-            i32_arg(head_dim),
-            i32_arg(n_pairs),
-            KArg::F32(linear_scale),
-            KArg::I32(neox as i32),
-        ],
-    )
-}
-
-/// Stores the tokens' keys and values at their cache slots (`block * 16 + slot`).
-#[allow(clippy::too_many_arguments)]
-pub fn kv_write(
-    gpu: &mut dyn Gpu,
-    k: DevPtr,
-    v: DevPtr,
-    k_cache: DevPtr,
-    v_cache: DevPtr,
-    slots: DevPtr,
-    n: usize,
-    kv_dim: usize,
-    kv: KvType,
-) -> Result<(), GpuError> {
-    gpu.launch(
-        &names::kv_write(kv),
-        Launch::linear(stride_blocks(n * kv_dim), EW_THREADS),
-        &[
-            KArg::Ptr(k),
-            KArg::Ptr(v),
+            KArg::Ptr(t.q),
+            KArg::Ptr(t.k),
+            KArg::Ptr(t.v),
             KArg::Ptr(k_cache),
             KArg::Ptr(v_cache),
-            KArg::Ptr(slots),
-            i32_arg(n),
-            i32_arg(kv_dim),
+            KArg::Ptr(t.pos),
+            KArg::Ptr(t.slots),
+            KArg::Ptr(rope.inv_freq.ptr()),
+            i32_arg(t.n),
+            i32_arg(n_heads),
+            i32_arg(n_kv_heads),
+            i32_arg(head_dim),
+            i32_arg(rope.n_pairs),
+            KArg::F32(rope.linear_scale),
+            KArg::I32(rope.neox as i32),
         ],
     )
 }
