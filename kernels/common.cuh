@@ -171,6 +171,19 @@ static __device__ __forceinline__ int warp_split_index(int lane, int j) {
     return index;
 }
 
+// warp_sum_split<V> of `v`, each total stored once at dst[its value index] (a row of V
+// floats, in shared memory for a cross-warp reduction after a barrier).
+template <int V>
+static __device__ __forceinline__ void warp_sums_to_shared(float (&v)[V], float* dst) {
+    warp_sum_split(v);
+    const int lane = threadIdx.x & 31;
+    constexpr int HELD = V >= 32 ? V / 32 : 1;
+    if (V >= 32 || lane % (32 / V) == 0) {
+#pragma unroll
+        for (int j = 0; j < HELD; ++j) dst[warp_split_index<V>(lane, j)] = v[j];
+    }
+}
+
 static __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(SPARKD_FULL_MASK, v, o));

@@ -143,6 +143,23 @@ fn dequantized_tiles_are_the_cpu_values_rounded_to_f16_and_bf16() {
     }
 }
 
+/// The epsilon of the fused-norm cases.
+const NORM_EPS: f32 = 1e-5;
+
+/// Each row of `x` (rows of `cols`) RMS-normalized and scaled by `gain`, in f64 rounded
+/// to f32: what the mat-vec's fused norm stands for.
+fn rms_normed(x: &[f32], gain: &[f32], cols: usize) -> Vec<f32> {
+    x.chunks_exact(cols)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+            let scale = 1.0 / (ms + NORM_EPS as f64).sqrt();
+            row.iter()
+                .zip(gain)
+                .map(move |(&v, &g)| (v as f64 * scale * g as f64) as f32)
+        })
+        .collect()
+}
+
 /// y = W x (+ bias) (+ y0) in f64, and the sum of |terms| per output for the tolerance.
 fn matvec_reference(
     w: &[f32],
@@ -187,14 +204,20 @@ fn matvec_matches_the_dequantized_product_for_every_format_and_batch_variant() {
         let cols = cols_for(ty);
         let w = random_weights(ty, rows, cols, &mut rng);
         let wf = reference_rows(ty, &w, rows, cols);
-        for nb_max in MMV_BATCHES {
+        for (vi, nb_max) in MMV_BATCHES.into_iter().enumerate() {
             // Fewer rows than the variant holds, except for b1, checks the masking.
             let nb = if nb_max == 1 { 1 } else { nb_max - 1 };
-            let x = rng.vec(nb * cols, 1.0);
+            let x = rng.vec(nb * cols, 3.0);
             let bias = (ti % 2 == 0).then(|| rng.vec(rows, 1.0));
             let y0 = (ti % 3 == 0).then(|| rng.vec(nb * rows, 1.0));
+            // Every other case fuses the RMSNorm in front: x is then the raw stream.
+            let gain = ((ti + vi) % 2 == 1).then(|| rng.vec(cols, 1.5));
+            let x_ref = match &gain {
+                Some(g) => rms_normed(&x, g, cols),
+                None => x.clone(),
+            };
             let (want, mag) =
-                matvec_reference(&wf, &x, rows, cols, nb, bias.as_deref(), y0.as_deref());
+                matvec_reference(&wf, &x_ref, rows, cols, nb, bias.as_deref(), y0.as_deref());
             let mut wb = w.clone();
             let mut xb = f32_bytes(&x);
             let mut yb = y0
@@ -204,6 +227,11 @@ fn matvec_matches_the_dequantized_product_for_every_format_and_batch_variant() {
             let mut bb = bias.as_deref().map(f32_bytes);
             let bias_arg = match &mut bb {
                 Some(b) => Arg::Buf(b),
+                None => Arg::Null,
+            };
+            let mut gb = gain.as_deref().map(f32_bytes);
+            let gain_arg = match &mut gb {
+                Some(g) => Arg::Buf(g),
                 None => Arg::Null,
             };
             emu.launch(
@@ -219,10 +247,13 @@ fn matvec_matches_the_dequantized_product_for_every_format_and_batch_variant() {
                     Arg::I32(cols as i32),
                     Arg::I32(nb as i32),
                     Arg::I32(y0.is_some() as i32),
+                    gain_arg,
+                    Arg::F32(NORM_EPS),
                 ],
             )
             .unwrap();
-            let what = format!("{} nb={nb}", names::mmv(ty, nb_max));
+            let norm = if gain.is_some() { " fused norm" } else { "" };
+            let what = format!("{} nb={nb}{norm}", names::mmv(ty, nb_max));
             assert_close(&what, &bytes_f32(&yb), &want, &mag, 1e-5);
         }
     }
@@ -245,8 +276,14 @@ fn fused_gate_up_matvec_applies_swiglu_for_every_format() {
         );
         for (nb_max, nb) in [(1, 1), (4, 3)] {
             let x = rng.vec(nb * cols, 1.0);
-            let (g, g_mag) = matvec_reference(&gf, &x, rows, cols, nb, None, None);
-            let (u, u_mag) = matvec_reference(&uf, &x, rows, cols, nb, None, None);
+            // The b4 cases fuse the FFN's RMSNorm in front.
+            let gain = (nb_max == 4).then(|| rng.vec(cols, 1.5));
+            let x_ref = match &gain {
+                Some(g) => rms_normed(&x, g, cols),
+                None => x.clone(),
+            };
+            let (g, g_mag) = matvec_reference(&gf, &x_ref, rows, cols, nb, None, None);
+            let (u, u_mag) = matvec_reference(&uf, &x_ref, rows, cols, nb, None, None);
             // silu(g) u and a bound for it: each product within 1e-5 of its sum of
             // |terms| (as the plain mat-vec), carried through silu (slope under 1.1)
             // and the product; plus f32 rounding of the result.
@@ -256,6 +293,7 @@ fn fused_gate_up_matvec_applies_swiglu_for_every_format() {
                 .map(|i| 1.1 * g_mag[i] * u[i].abs() + silu(g[i]).abs() * u_mag[i])
                 .collect();
             let mut yb = vec![0; nb * rows * 4];
+            let mut gain_bytes = gain.as_deref().map(f32_bytes).unwrap_or_default();
             emu.launch(
                 &names::mmv_glu(ty, nb_max),
                 [rows.div_ceil(MMV_ROWS_PER_BLOCK / 2) as u32, 1, 1],
@@ -268,6 +306,12 @@ fn fused_gate_up_matvec_applies_swiglu_for_every_format() {
                     Arg::I32(rows as i32),
                     Arg::I32(cols as i32),
                     Arg::I32(nb as i32),
+                    if gain.is_some() {
+                        Arg::Buf(&mut gain_bytes)
+                    } else {
+                        Arg::Null
+                    },
+                    Arg::F32(NORM_EPS),
                 ],
             )
             .unwrap();
@@ -309,6 +353,8 @@ fn matvec_walks_long_rows_in_several_strides_per_warp() {
                     Arg::I32(cols as i32),
                     Arg::I32(nb as i32),
                     Arg::I32(0),
+                    Arg::Null,
+                    Arg::F32(0.0),
                 ],
             )
             .unwrap();
@@ -545,6 +591,8 @@ fn dequantize_then_gemm_equals_the_matvec_of_the_same_weights() {
             Arg::I32(k as i32),
             Arg::I32(m as i32),
             Arg::I32(0),
+            Arg::Null,
+            Arg::F32(0.0),
         ],
     )
     .unwrap();

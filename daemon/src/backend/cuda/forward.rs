@@ -25,7 +25,7 @@ use sparkd_kernels::consts::ATTN_PARTITION;
 use super::backend::{ensure, token_bytes, CudaBackend};
 use super::gpu::{i32_bytes, Buf, DevPtr, Gpu, GpuError};
 use super::graphs::{GraphKey, MAX_GRAPH_SEQS};
-use super::ops::{self, AttnInputs, AttnShape, NewTokens, Rope};
+use super::ops::{self, AttnInputs, AttnShape, NewTokens, Norm, Rope};
 use super::weights::DevMatrix;
 use crate::model::config::RopeStyle;
 use crate::model::{SeqInput, BLOCK_TOKENS};
@@ -403,25 +403,31 @@ impl<G: Gpu> CudaBackend<G> {
         let g = &mut self.gpu;
         let at = |off: usize| b.meta.at(off * 4);
 
-        // y = x W^T (+ bias) (+ y), by `Matmul::for_rows`; a matrix whose f16 copy does
+        // y = x' W^T (+ bias) (+ y), by `Matmul::for_rows`; a matrix whose f16 copy does
         // not fit the GEMM scratch (a large vocabulary's head) takes the tensor-core
-        // mat-mul instead.
+        // mat-mul instead. x' is x, or with `norm` (mat-vec steps only) its RMSNorm.
         let matmul = |g: &mut G,
                       w: &DevMatrix,
-                      x: DevPtr,
+                      (x, norm): (DevPtr, Option<Norm>),
                       y: DevPtr,
                       rows: usize,
                       bias: Option<Buf>,
                       acc: bool|
          -> Result<(), GpuError> {
-            match (Matmul::for_rows(rows, opts), b.a16, b.w16) {
+            let path = Matmul::for_rows(rows, opts);
+            if norm.is_some() && path != Matmul::MatVec {
+                return Err(GpuError::Unsupported(
+                    "a fused RMSNorm off the mat-vec path".into(),
+                ));
+            }
+            match (path, b.a16, b.w16) {
                 (Matmul::Gemm, Some(a16), Some(w16)) if w.rows * w.cols * 2 <= w16.bytes => {
                     ops::gemm(g, w, x, y, rows, bias, acc, a16, w16)
                 }
                 (Matmul::Gemm | Matmul::TensorCore, Some(a16), _) => {
                     ops::mmq(g, w, x, y, rows, bias, acc, a16)
                 }
-                _ => ops::matvec(g, w, x, y, rows, bias, acc),
+                _ => ops::matvec(g, w, x, y, rows, bias, acc, norm),
             }
         };
 
@@ -444,11 +450,22 @@ impl<G: Gpu> CudaBackend<G> {
             max_blocks: shape.max_blocks,
             kv: kv_type,
         };
+        // Steps on the mat-vec fold each RMSNorm into the products that read it; the
+        // others normalize x into xn first. Returns the products' input.
+        let fuse_norms = Matmul::for_rows(n, opts) == Matmul::MatVec;
+        let eps = cfg.rms_eps;
+        let normed = |g: &mut G, gain: Buf| -> Result<(DevPtr, Option<Norm>), GpuError> {
+            if fuse_norms {
+                return Ok((x.ptr(), Some(Norm { gain, eps })));
+            }
+            ops::rmsnorm(g, x.ptr(), gain, xn.ptr(), n, d, eps)?;
+            Ok((xn.ptr(), None))
+        };
         for (li, l) in self.w.layers.iter().enumerate() {
-            ops::rmsnorm(g, x.ptr(), l.attn_norm, xn.ptr(), n, d, cfg.rms_eps)?;
-            matmul(g, &l.wq, xn.ptr(), q.ptr(), n, l.bq, false)?;
-            matmul(g, &l.wk, xn.ptr(), k.ptr(), n, l.bk, false)?;
-            matmul(g, &l.wv, xn.ptr(), v.ptr(), n, l.bv, false)?;
+            let input = normed(g, l.attn_norm)?;
+            matmul(g, &l.wq, input, q.ptr(), n, l.bq, false)?;
+            matmul(g, &l.wk, input, k.ptr(), n, l.bk, false)?;
+            matmul(g, &l.wv, input, v.ptr(), n, l.bv, false)?;
             if let Some(gain) = l.q_norm {
                 ops::rmsnorm(g, q.ptr(), gain, q.ptr(), n * cfg.n_heads, hd, cfg.rms_eps)?;
             }
@@ -504,46 +521,56 @@ impl<G: Gpu> CudaBackend<G> {
                 )?;
             }
             // The residual add is fused: x += attn Wo^T.
-            matmul(g, &l.wo, attn.ptr(), x.ptr(), n, None, true)?;
-            ops::rmsnorm(g, x.ptr(), l.ffn_norm, xn.ptr(), n, d, cfg.rms_eps)?;
-            if Matmul::for_rows(n, opts) == Matmul::MatVec
-                && ops::matvec_glu_fits(&l.w_gate, &l.w_up, n)
-            {
+            matmul(g, &l.wo, (attn.ptr(), None), x.ptr(), n, None, true)?;
+            let input = normed(g, l.ffn_norm)?;
+            if fuse_norms && ops::matvec_glu_fits(&l.w_gate, &l.w_up, n) {
                 // Small decode batches: both products and SwiGLU in one launch.
-                ops::matvec_glu(g, &l.w_gate, &l.w_up, xn.ptr(), gate.ptr(), n)?;
+                let (src, norm) = input;
+                ops::matvec_glu(g, (&l.w_gate, &l.w_up), src, gate.ptr(), n, norm)?;
             } else {
-                matmul(g, &l.w_gate, xn.ptr(), gate.ptr(), n, None, false)?;
-                matmul(g, &l.w_up, xn.ptr(), up.ptr(), n, None, false)?;
+                matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
+                matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
                 ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
             }
-            matmul(g, &l.w_down, gate.ptr(), x.ptr(), n, None, true)?;
+            matmul(g, &l.w_down, (gate.ptr(), None), x.ptr(), n, None, true)?;
         }
 
         // Only the rows that want logits go through the final norm and the output head,
-        // as on the CPU.
-        match &shape.logit_rows {
-            LogitRows::All => ops::rmsnorm(
-                g,
-                x.ptr(),
-                self.w.output_norm,
-                b.last.ptr(),
-                n,
-                d,
-                cfg.rms_eps,
-            )?,
+        // as on the CPU; where every row does on the mat-vec, the norm is folded in.
+        let head_input = match &shape.logit_rows {
+            LogitRows::All if fuse_norms => {
+                let norm = Norm {
+                    gain: self.w.output_norm,
+                    eps,
+                };
+                (x.ptr(), Some(norm))
+            }
+            LogitRows::All => {
+                ops::rmsnorm(g, x.ptr(), self.w.output_norm, b.last.ptr(), n, d, eps)?;
+                (b.last.ptr(), None)
+            }
             LogitRows::Picked(rows) => {
                 for (i, &r) in rows.iter().enumerate() {
                     let (src, dst) = (x.at(r * d * f), b.last.at(i * d * f));
-                    ops::rmsnorm(g, src, self.w.output_norm, dst, 1, d, cfg.rms_eps)?;
+                    ops::rmsnorm(g, src, self.w.output_norm, dst, 1, d, eps)?;
                 }
+                (b.last.ptr(), None)
             }
-        }
+        };
         let head_rows = shape.head_rows();
         if head_rows > 0 {
             // The head is the largest matrix: a decode batch reads it once through the
             // tensor-core mat-mul rather than once per 16 rows through the mat-vec.
-            let (last, logits) = (b.last.ptr(), b.logits.ptr());
-            matmul(g, &self.w.output, last, logits, head_rows, None, false)?;
+            let logits = b.logits.ptr();
+            matmul(
+                g,
+                &self.w.output,
+                head_input,
+                logits,
+                head_rows,
+                None,
+                false,
+            )?;
         }
         Ok(())
     }

@@ -77,7 +77,22 @@ pub fn rmsnorm(
     )
 }
 
-/// `y = x W^T (+ bias) (+ y)` with the decode mat-vec, `MMV_MAX_BATCH` rows a launch.
+/// An RMSNorm fused into the mat-vec that reads its output (see matvec.cu).
+#[derive(Debug, Clone, Copy)]
+pub struct Norm {
+    pub gain: Buf,
+    pub eps: f32,
+}
+
+fn norm_args(norm: Option<Norm>) -> [KArg; 2] {
+    match norm {
+        Some(n) => [KArg::Ptr(n.gain.ptr()), KArg::F32(n.eps)],
+        None => [KArg::Null, KArg::F32(0.0)],
+    }
+}
+
+/// `y = x' W^T (+ bias) (+ y)` with the decode mat-vec, `MMV_MAX_BATCH` rows a launch;
+/// x' is `x`, or with `norm` its RMSNorm, computed on the way.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec(
     gpu: &mut dyn Gpu,
@@ -87,7 +102,9 @@ pub fn matvec(
     n: usize,
     bias: Option<Buf>,
     accumulate: bool,
+    norm: Option<Norm>,
 ) -> Result<(), GpuError> {
+    let [gain, eps] = norm_args(norm);
     let mut row = 0;
     while row < n {
         let nb = (n - row).min(MMV_MAX_BATCH);
@@ -104,6 +121,8 @@ pub fn matvec(
                 i32_arg(w.cols),
                 i32_arg(nb),
                 KArg::I32(accumulate as i32),
+                gain,
+                eps,
             ],
         )?;
         row += nb;
@@ -119,16 +138,17 @@ pub fn matvec_glu_fits(gate: &DevMatrix, up: &DevMatrix, n: usize) -> bool {
         && names::mmv_glu_variant(n).is_some()
 }
 
-/// `y = silu(x Wg^T) * (x Wu^T)` in one launch, for `n` rows within
-/// [`matvec_glu_fits`].
+/// `y = silu(x' Wg^T) * (x' Wu^T)` in one launch, for `n` rows within
+/// [`matvec_glu_fits`]; x' as in [`matvec`].
 pub fn matvec_glu(
     gpu: &mut dyn Gpu,
-    gate: &DevMatrix,
-    up: &DevMatrix,
+    (gate, up): (&DevMatrix, &DevMatrix),
     x: DevPtr,
     y: DevPtr,
     n: usize,
+    norm: Option<Norm>,
 ) -> Result<(), GpuError> {
+    let [gain, eps] = norm_args(norm);
     let variant = names::mmv_glu_variant(n)
         .filter(|_| matvec_glu_fits(gate, up, n))
         .ok_or_else(|| GpuError::Unsupported(format!("a fused gate/up mat-vec of {n} rows")))?;
@@ -143,6 +163,8 @@ pub fn matvec_glu(
             i32_arg(gate.rows),
             i32_arg(gate.cols),
             i32_arg(n),
+            gain,
+            eps,
         ],
     )
 }
