@@ -105,8 +105,10 @@ static __device__ __forceinline__ float quiet_nan() {
 // KV cache elements are f32 or f16; attention and the KV writer are templates over both.
 static __device__ __forceinline__ float kv_load(const float* p) { return *p; }
 static __device__ __forceinline__ float kv_load(const u16* p) { return f16_to_f32(*p); }
-static __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
-static __device__ __forceinline__ void kv_store(u16* p, float v) { *p = f32_to_f16(v); }
+// An f32 result stored as f32, or rounded to f16 (a KV cache entry, or an activation
+// for the tensor-core kernels).
+static __device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+static __device__ __forceinline__ void store_as(u16* p, float v) { *p = f32_to_f16(v); }
 
 // SwiGLU's product silu(gate) * up, silu(g) = g / (1 + exp(-g)): the CPU's expression
 // (daemon/src/model/ops.rs silu_mul), so the rounding matches.

@@ -79,10 +79,10 @@ static __device__ void rope_kv_write(float* __restrict__ q, const float* __restr
         int a = 2 * j, b = 2 * j + 1;
         float y0 = k[src + a], y1 = k[src + b];
         if (j < n_pairs) rope_pair(k + src, j, n_pairs, neox, angle, a, b, y0, y1);
-        kv_store(k_cache + dst + a, y0);
-        kv_store(k_cache + dst + b, y1);
-        kv_store(v_cache + dst + 2 * j, v[src + 2 * j]);
-        kv_store(v_cache + dst + 2 * j + 1, v[src + 2 * j + 1]);
+        store_as(k_cache + dst + a, y0);
+        store_as(k_cache + dst + b, y1);
+        store_as(v_cache + dst + 2 * j, v[src + 2 * j]);
+        store_as(v_cache + dst + 2 * j + 1, v[src + 2 * j + 1]);
     }
 }
 

@@ -116,8 +116,8 @@ std::map<std::string, Runner> kernels() {
     REG(attn_prefill_f32) REG(attn_prefill_f16)
     REG(attn_prefill_f16_tc_hd32) REG(attn_prefill_f16_tc_hd64)
     REG(attn_prefill_f16_tc_hd96) REG(attn_prefill_f16_tc_hd128)
-    REG(rmsnorm_f32) REG(rmsnorm_residual_f32)
-    REG(swiglu_f32) REG(add_f32) REG(add_bias_f32) REG(argmax_f32)
+    REG(rmsnorm_f32) REG(rmsnorm_f16)
+    REG(swiglu_f32) REG(swiglu_f16) REG(argmax_f32)
 #undef REG_W
 #undef REG
     return m;

@@ -210,10 +210,11 @@ pub fn attn_prefill_tc(ty: KvType, head_dim: usize) -> Option<String> {
 
 pub const ATTN_DECODE_REDUCE: &str = "attn_decode_reduce";
 pub const RMSNORM: &str = "rmsnorm_f32";
-pub const RMSNORM_RESIDUAL: &str = "rmsnorm_residual_f32";
+/// RMSNorm straight to the f16 operand of the tensor-core products.
+pub const RMSNORM_F16: &str = "rmsnorm_f16";
 pub const SWIGLU: &str = "swiglu_f32";
-pub const ADD: &str = "add_f32";
-pub const ADD_BIAS: &str = "add_bias_f32";
+/// SwiGLU straight to the f16 operand of the tensor-core products.
+pub const SWIGLU_F16: &str = "swiglu_f16";
 pub const ARGMAX: &str = "argmax_f32";
 
 /// Every kernel the host may launch, with the module that defines it.
@@ -248,8 +249,8 @@ pub fn all() -> Vec<(&'static str, String)> {
     }
     v.push(("attn_decode.cu", ATTN_DECODE_REDUCE.into()));
     v.push(("rmsnorm.cu", RMSNORM.into()));
-    v.push(("rmsnorm.cu", RMSNORM_RESIDUAL.into()));
-    for k in [SWIGLU, ADD, ADD_BIAS] {
+    v.push(("rmsnorm.cu", RMSNORM_F16.into()));
+    for k in [SWIGLU, SWIGLU_F16] {
         v.push(("elementwise.cu", k.into()));
     }
     v.push(("argmax.cu", ARGMAX.into()));

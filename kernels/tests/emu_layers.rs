@@ -1,4 +1,4 @@
-//! The per-layer kernels (RMSNorm, RoPE, SwiGLU and adds, KV write, decode and prefill
+//! The per-layer kernels (RMSNorm, RoPE and the KV write, SwiGLU, decode and prefill
 //! attention, argmax), run on the CPU emulator (kernels/emu) and checked against plain
 //! f64 references of what daemon/src/model computes. Skips without a C++ compiler.
 
@@ -14,12 +14,11 @@ use sparkd_kernels::emu::{Arg, Emulator};
 use sparkd_kernels::names::{self, KvType};
 
 #[test]
-fn rmsnorm_and_the_fused_residual_variant_match_the_reference() {
+fn rmsnorm_matches_the_reference_in_place_and_to_f16() {
     let Some(emu) = emulator() else { return };
     let mut rng = Rng::new(11);
     let (rows, n, eps) = (3, 576, 1e-5f32);
     let x = rng.vec(rows * n, 3.0);
-    let add = rng.vec(rows * n, 1.0);
     let w = rng.vec(n, 1.5);
     let reference = |x: &[f32]| {
         let mut want = vec![0.0f64; rows * n];
@@ -56,28 +55,28 @@ fn rmsnorm_and_the_fused_residual_variant_match_the_reference() {
     let (want, mag) = reference(&x);
     assert_close("rmsnorm", &bytes_f32(&inplace), &want, &mag, 1e-5);
 
-    // Fused: x += add, out = norm(x).
+    // To f16 (the tensor-core operand): the f32 result rounded to nearest even.
     let mut xb = f32_bytes(&x);
-    let mut ab = f32_bytes(&add);
-    let mut out = vec![0u8; rows * n * 4];
+    let mut out16 = vec![0u8; rows * n * 2];
     emu.launch(
-        names::RMSNORM_RESIDUAL,
+        names::RMSNORM_F16,
         [rows as u32, 1, 1],
-        [256, 1, 1],
+        [128, 1, 1], // as the f32 run: the same order of the sum, the same scale
         &mut [
             Arg::Buf(&mut xb),
-            Arg::Buf(&mut ab),
             Arg::Buf(&mut wb),
-            Arg::Buf(&mut out),
+            Arg::Buf(&mut out16),
             Arg::I32(n as i32),
             Arg::F32(eps),
         ],
     )
     .unwrap();
-    let summed: Vec<f32> = x.iter().zip(&add).map(|(a, b)| a + b).collect();
-    assert_eq!(bytes_f32(&xb), summed, "residual stream updated in place");
-    let (want, mag) = reference(&summed);
-    assert_close("rmsnorm_residual", &bytes_f32(&out), &want, &mag, 1e-5);
+    assert_eq!(bytes_f32(&xb), x, "x is left as it was");
+    assert_eq!(
+        f16s(&out16),
+        f16_rounded(&bytes_f32(&inplace)),
+        "rmsnorm_f16"
+    );
 }
 
 #[test]
@@ -173,7 +172,7 @@ fn rope_kv_write_rotates_q_in_place_and_k_into_the_cache_beside_v() {
 }
 
 #[test]
-fn swiglu_and_adds_compute_the_cpu_expressions() {
+fn swiglu_computes_the_cpu_expression_to_f32_and_to_f16() {
     let Some(emu) = emulator() else { return };
     let mut rng = Rng::new(13);
     let (rows, n) = (3, 100);
@@ -202,41 +201,32 @@ fn swiglu_and_adds_compute_the_cpu_expressions() {
     let mag: Vec<f64> = want.iter().map(|w| w.abs().max(1e-3)).collect();
     assert_close("swiglu", &bytes_f32(&out), &want, &mag, 1e-5);
 
-    let mut acc = f32_bytes(&gate);
+    let mut out16 = vec![0u8; rows * n * 2];
     emu.launch(
-        names::ADD,
+        names::SWIGLU_F16,
         [1, 1, 1],
         [64, 1, 1],
         &mut [
-            Arg::Buf(&mut acc),
+            Arg::Buf(&mut g),
             Arg::Buf(&mut u),
+            Arg::Buf(&mut out16),
             Arg::I64((rows * n) as i64),
         ],
     )
     .unwrap();
-    let sum: Vec<f32> = gate.iter().zip(&up).map(|(a, b)| a + b).collect();
-    assert_eq!(bytes_f32(&acc), sum);
+    assert_eq!(f16s(&out16), f16_rounded(&bytes_f32(&out)), "swiglu_f16");
+}
 
-    let bias = rng.vec(n, 1.0);
-    let mut x = f32_bytes(&gate);
-    emu.launch(
-        names::ADD_BIAS,
-        [1, 1, 1],
-        [32, 1, 1],
-        &mut [
-            Arg::Buf(&mut x),
-            Arg::Buf(&mut f32_bytes(&bias)),
-            Arg::I32(rows as i32),
-            Arg::I32(n as i32),
-        ],
-    )
-    .unwrap();
-    let biased: Vec<f32> = gate
-        .iter()
-        .enumerate()
-        .map(|(i, g)| g + bias[i % n])
-        .collect();
-    assert_eq!(bytes_f32(&x), biased);
+/// f16 bits (little-endian pairs of bytes).
+fn f16s(b: &[u8]) -> Vec<u16> {
+    b.chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+/// f32s rounded to f16 (nearest even, as the kernels' conversion), as bits.
+fn f16_rounded(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| f16::from_f32(x).to_bits()).collect()
 }
 
 #[test]

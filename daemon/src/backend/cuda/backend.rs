@@ -73,7 +73,6 @@ impl Default for CudaOptions {
 #[derive(Default)]
 pub(super) struct Scratch {
     pub x: Option<Buf>,
-    pub xn: Option<Buf>,
     pub q: Option<Buf>,
     pub k: Option<Buf>,
     pub v: Option<Buf>,

@@ -30,6 +30,15 @@ use super::weights::DevMatrix;
 use crate::model::config::RopeStyle;
 use crate::model::{SeqInput, BLOCK_TOKENS};
 
+/// The input of a step's products, in the form their path reads.
+#[derive(Debug, Clone, Copy)]
+enum Input {
+    /// f32 rows for the mat-vec, with the RMSNorm in front of the products folded in.
+    F32(DevPtr, Option<Norm>),
+    /// The rows' f16 copy, already in the step's `a16`, for the tensor-core paths.
+    F16,
+}
+
 /// Which kernels multiply activations by a weight matrix, chosen by the number of rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Matmul {
@@ -224,7 +233,6 @@ impl Meta {
 #[derive(Clone, Copy)]
 struct StepBufs {
     x: Buf,
-    xn: Buf,
     q: Buf,
     k: Buf,
     v: Buf,
@@ -246,7 +254,6 @@ impl StepBufs {
     fn all(&self) -> Vec<Buf> {
         let mut v = vec![
             self.x,
-            self.xn,
             self.q,
             self.k,
             self.v,
@@ -331,7 +338,6 @@ impl<G: Gpu> CudaBackend<G> {
         };
         Ok(StepBufs {
             x: ensure(g, &mut sc.x, n * d * f, "activations")?,
-            xn: ensure(g, &mut sc.xn, n * d * f, "normed activations")?,
             q: ensure(g, &mut sc.q, n * q_dim * f, "queries")?,
             k: ensure(g, &mut sc.k, n * kv_dim * f, "keys")?,
             v: ensure(g, &mut sc.v, n * kv_dim * f, "values")?,
@@ -403,35 +409,36 @@ impl<G: Gpu> CudaBackend<G> {
         let g = &mut self.gpu;
         let at = |off: usize| b.meta.at(off * 4);
 
-        // y = x' W^T (+ bias) (+ y), by `Matmul::for_rows`; a matrix whose f16 copy does
+        // y = x W^T (+ bias) (+ y), by `Matmul::for_rows`; a matrix whose f16 copy does
         // not fit the GEMM scratch (a large vocabulary's head) takes the tensor-core
-        // mat-mul instead. x' is x, or with `norm` (mat-vec steps only) its RMSNorm.
+        // mat-mul instead. The input must be the one that path reads.
         let matmul = |g: &mut G,
                       w: &DevMatrix,
-                      (x, norm): (DevPtr, Option<Norm>),
+                      input: Input,
                       y: DevPtr,
                       rows: usize,
                       bias: Option<Buf>,
                       acc: bool|
          -> Result<(), GpuError> {
-            let path = Matmul::for_rows(rows, opts);
-            if norm.is_some() && path != Matmul::MatVec {
-                return Err(GpuError::Unsupported(
-                    "a fused RMSNorm off the mat-vec path".into(),
-                ));
-            }
-            match (path, b.a16, b.w16) {
-                (Matmul::Gemm, Some(a16), Some(w16)) if w.rows * w.cols * 2 <= w16.bytes => {
-                    ops::gemm(g, w, x, y, rows, bias, acc, a16, w16)
+            match (Matmul::for_rows(rows, opts), input, b.a16, b.w16) {
+                (Matmul::MatVec, Input::F32(x, norm), _, _) => {
+                    ops::matvec(g, w, x, y, rows, bias, acc, norm)
                 }
-                (Matmul::Gemm | Matmul::TensorCore, Some(a16), _) => {
-                    ops::mmq(g, w, x, y, rows, bias, acc, a16)
+                (Matmul::Gemm, Input::F16, Some(a16), Some(w16))
+                    if w.rows * w.cols * 2 <= w16.bytes =>
+                {
+                    ops::gemm(g, w, (a16, w16), y, rows, bias, acc)
                 }
-                _ => ops::matvec(g, w, x, y, rows, bias, acc, norm),
+                (Matmul::Gemm | Matmul::TensorCore, Input::F16, Some(a16), _) => {
+                    ops::mmq(g, w, a16, y, rows, bias, acc)
+                }
+                (path, input, ..) => Err(GpuError::Unsupported(format!(
+                    "a {rows}-row product on {path:?} given {input:?}"
+                ))),
             }
         };
 
-        let (x, xn, q, k, v) = (b.x, b.xn, b.q, b.k, b.v);
+        let (x, q, k, v) = (b.x, b.q, b.k, b.v);
         let (attn, gate, up) = (b.attn, b.gate, b.up);
         ops::embed(g, &self.w.tok_embd, at(meta.tokens), x.ptr(), n)?;
         let rope = Rope {
@@ -450,16 +457,30 @@ impl<G: Gpu> CudaBackend<G> {
             max_blocks: shape.max_blocks,
             kv: kv_type,
         };
-        // Steps on the mat-vec fold each RMSNorm into the products that read it; the
-        // others normalize x into xn first. Returns the products' input.
-        let fuse_norms = Matmul::for_rows(n, opts) == Matmul::MatVec;
+        // The products' input, made once for all that read it: on the mat-vec, the f32
+        // rows with the RMSNorm in front folded into the products; on the tensor-core
+        // paths, the rows' f16 copy in a16, written by the norm itself.
+        let tensor_cores = Matmul::for_rows(n, opts) != Matmul::MatVec;
         let eps = cfg.rms_eps;
-        let normed = |g: &mut G, gain: Buf| -> Result<(DevPtr, Option<Norm>), GpuError> {
-            if fuse_norms {
-                return Ok((x.ptr(), Some(Norm { gain, eps })));
+        let a16 = || {
+            b.a16
+                .ok_or_else(|| GpuError::Unsupported("no f16 operand scratch".into()))
+        };
+        type Made = Result<Input, GpuError>;
+        let normed = |g: &mut G, gain: Buf| -> Made {
+            if !tensor_cores {
+                return Ok(Input::F32(x.ptr(), Some(Norm { gain, eps })));
             }
-            ops::rmsnorm(g, x.ptr(), gain, xn.ptr(), n, d, eps)?;
-            Ok((xn.ptr(), None))
+            ops::rmsnorm_f16(g, x.ptr(), gain, a16()?, n, d, eps)?;
+            Ok(Input::F16)
+        };
+        // An f32 buffer of `rows` rows of `cols` as the input of products of `rows` rows.
+        let plain = |g: &mut G, src: DevPtr, rows: usize, cols: usize| -> Made {
+            if Matmul::for_rows(rows, opts) == Matmul::MatVec {
+                return Ok(Input::F32(src, None));
+            }
+            ops::to_f16(g, src, a16()?, rows * cols)?;
+            Ok(Input::F16)
         };
         for (li, l) in self.w.layers.iter().enumerate() {
             let input = normed(g, l.attn_norm)?;
@@ -521,43 +542,45 @@ impl<G: Gpu> CudaBackend<G> {
                 )?;
             }
             // The residual add is fused: x += attn Wo^T.
-            matmul(g, &l.wo, (attn.ptr(), None), x.ptr(), n, None, true)?;
+            let input = plain(g, attn.ptr(), n, cfg.q_dim())?;
+            matmul(g, &l.wo, input, x.ptr(), n, None, true)?;
             let input = normed(g, l.ffn_norm)?;
-            if fuse_norms && ops::matvec_glu_fits(&l.w_gate, &l.w_up, n) {
-                // Small decode batches: both products and SwiGLU in one launch.
-                let (src, norm) = input;
-                ops::matvec_glu(g, (&l.w_gate, &l.w_up), src, gate.ptr(), n, norm)?;
-            } else {
-                matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
-                matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
-                ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
-            }
-            matmul(g, &l.w_down, (gate.ptr(), None), x.ptr(), n, None, true)?;
+            let glu = (&l.w_gate, &l.w_up);
+            let down_input = match input {
+                Input::F32(src, norm) if ops::matvec_glu_fits(glu.0, glu.1, n) => {
+                    // Small decode batches: both products and SwiGLU in one launch.
+                    ops::matvec_glu(g, glu, src, gate.ptr(), n, norm)?;
+                    Input::F32(gate.ptr(), None)
+                }
+                Input::F32(..) => {
+                    matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
+                    matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
+                    ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
+                    Input::F32(gate.ptr(), None)
+                }
+                Input::F16 => {
+                    matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
+                    matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
+                    ops::swiglu_f16(g, gate.ptr(), up.ptr(), a16()?, n * ffn)?;
+                    Input::F16
+                }
+            };
+            matmul(g, &l.w_down, down_input, x.ptr(), n, None, true)?;
         }
 
         // Only the rows that want logits go through the final norm and the output head,
-        // as on the CPU; where every row does on the mat-vec, the norm is folded in.
+        // as on the CPU.
+        let head_rows = shape.head_rows();
         let head_input = match &shape.logit_rows {
-            LogitRows::All if fuse_norms => {
-                let norm = Norm {
-                    gain: self.w.output_norm,
-                    eps,
-                };
-                (x.ptr(), Some(norm))
-            }
-            LogitRows::All => {
-                ops::rmsnorm(g, x.ptr(), self.w.output_norm, b.last.ptr(), n, d, eps)?;
-                (b.last.ptr(), None)
-            }
+            LogitRows::All => normed(g, self.w.output_norm)?,
             LogitRows::Picked(rows) => {
                 for (i, &r) in rows.iter().enumerate() {
                     let (src, dst) = (x.at(r * d * f), b.last.at(i * d * f));
                     ops::rmsnorm(g, src, self.w.output_norm, dst, 1, d, eps)?;
                 }
-                (b.last.ptr(), None)
+                plain(g, b.last.ptr(), head_rows, d)?
             }
         };
-        let head_rows = shape.head_rows();
         if head_rows > 0 {
             // The head is the largest matrix: a decode batch reads it once through the
             // tensor-core mat-mul rather than once per 16 rows through the mat-vec.

@@ -91,6 +91,30 @@ fn norm_args(norm: Option<Norm>) -> [KArg; 2] {
     }
 }
 
+/// RMSNorm of `rows` rows of `n` straight to their f16 copy in `a16`, the operand of
+/// the tensor-core products.
+pub fn rmsnorm_f16(
+    gpu: &mut dyn Gpu,
+    x: DevPtr,
+    w: Buf,
+    a16: Buf,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        names::RMSNORM_F16,
+        Launch::linear(rows, row_threads(n)),
+        &[
+            KArg::Ptr(x),
+            KArg::Ptr(w.ptr()),
+            KArg::Ptr(a16.ptr()),
+            i32_arg(n),
+            KArg::F32(eps),
+        ],
+    )
+}
+
 /// `y = x' W^T (+ bias) (+ y)` with the decode mat-vec, `MMV_MAX_BATCH` rows a launch;
 /// x' is `x`, or with `norm` its RMSNorm, computed on the way.
 #[allow(clippy::too_many_arguments)]
@@ -170,8 +194,8 @@ pub fn matvec_glu(
 }
 
 /// The first `count` f32s at `x` rounded to f16 into `a16`: the activation operand of
-/// the tensor-core paths.
-fn to_f16(gpu: &mut dyn Gpu, x: DevPtr, a16: Buf, count: usize) -> Result<(), GpuError> {
+/// the tensor-core paths, made once for all the products that read it.
+pub fn to_f16(gpu: &mut dyn Gpu, x: DevPtr, a16: Buf, count: usize) -> Result<(), GpuError> {
     gpu.launch(
         &names::convert_from_f32(Half::F16),
         Launch::linear(stride_blocks(count), EW_THREADS),
@@ -180,20 +204,18 @@ fn to_f16(gpu: &mut dyn Gpu, x: DevPtr, a16: Buf, count: usize) -> Result<(), Gp
 }
 
 /// `y = x W^T (+ bias) (+ y)` on the tensor cores with the weights dequantized in
-/// registers: `x` converted to f16 into `a16` (at least `n * w.cols` halves), then one
-/// launch per `MMQ_MAX_TOKENS` rows, each reading every weight once.
-#[allow(clippy::too_many_arguments)]
+/// registers, where `a16` holds x's `n` rows in f16 ([`to_f16`], [`rmsnorm_f16`],
+/// [`swiglu_f16`]): one launch per `MMQ_MAX_TOKENS` rows, each reading every weight
+/// once.
 pub fn mmq(
     gpu: &mut dyn Gpu,
     w: &DevMatrix,
-    x: DevPtr,
+    a16: Buf,
     y: DevPtr,
     n: usize,
     bias: Option<Buf>,
     accumulate: bool,
-    a16: Buf,
 ) -> Result<(), GpuError> {
-    to_f16(gpu, x, a16, n * w.cols)?;
     let mut row = 0;
     while row < n {
         let nt = (n - row).min(MMQ_MAX_TOKENS);
@@ -217,8 +239,8 @@ pub fn mmq(
     Ok(())
 }
 
-/// The prefill path: `x` converted to f16 into `a16`, the whole of `w` dequantized to
-/// f16 into `w16`, then the tensor-core GEMM `y = x W^T (+ bias) (+ y)`. The GEMM writes
+/// The prefill path: the whole of `w` dequantized to f16 into `w16`, then the
+/// tensor-core GEMM `y = x W^T (+ bias) (+ y)` on x's f16 rows in `a16` (as [`mmq`]). The GEMM writes
 /// its output with leading dimension `w.rows`, so a panel of `w`'s rows could not land
 /// in place: the scratch holds the whole matrix (the caller sizes it for the largest
 /// layer matrix and takes the tensor-core mat-mul for anything bigger).
@@ -226,15 +248,12 @@ pub fn mmq(
 pub fn gemm(
     gpu: &mut dyn Gpu,
     w: &DevMatrix,
-    x: DevPtr,
+    (a16, w16): (Buf, Buf),
     y: DevPtr,
     n: usize,
     bias: Option<Buf>,
     accumulate: bool,
-    a16: Buf,
-    w16: Buf,
 ) -> Result<(), GpuError> {
-    to_f16(gpu, x, a16, n * w.cols)?;
     let elems = w.rows * w.cols;
     gpu.launch(
         &names::dequant(w.ty, Half::F16),
@@ -467,6 +486,26 @@ pub fn swiglu(gpu: &mut dyn Gpu, gate: DevPtr, up: DevPtr, count: usize) -> Resu
             KArg::Ptr(gate),
             KArg::Ptr(up),
             KArg::Ptr(gate),
+            KArg::I64(count as i64),
+        ],
+    )
+}
+
+/// `silu(gate) * up` over `count` elements straight to their f16 copy in `a16`.
+pub fn swiglu_f16(
+    gpu: &mut dyn Gpu,
+    gate: DevPtr,
+    up: DevPtr,
+    a16: Buf,
+    count: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        names::SWIGLU_F16,
+        Launch::linear(stride_blocks(count), EW_THREADS),
+        &[
+            KArg::Ptr(gate),
+            KArg::Ptr(up),
+            KArg::Ptr(a16.ptr()),
             KArg::I64(count as i64),
         ],
     )
