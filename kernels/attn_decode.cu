@@ -8,7 +8,7 @@
 // extern "C" __global__ void attn_decode_f16(... u16* caches, otherwise the same ...)
 //   q            : rows x n_heads x head_dim f32 queries (after RoPE)
 //   k_cache, v_cache : this layer's paged cache [n_blocks][SPARKD_KV_BLOCK_TOKENS][kv_dim],
-//                  kv_dim = n_kv_heads * head_dim, f32 or f16 (kv.cu writes it)
+//                  kv_dim = n_kv_heads * head_dim, f32 or f16 (rope_kv.cu writes it)
 //   block_tables : n_seqs x max_blocks block ids, position p of sequence s lives in block
 //                  block_tables[s * max_blocks + p / 16] at slot p % 16
 //   seq_lens     : positions each sequence attends to (0..len-1, the new token included:

@@ -36,6 +36,14 @@
 //   a layer (the up product's and SwiGLU's) and the round trip of both products through
 //   memory.
 //
+// extern "C" __global__ void mmv3_<fmt>_b<NB>(const u8* w0, const u8* w1, const u8* w2,
+//         float* y0, float* y1, float* y2, const float* b0, const float* b1,
+//         const float* b2, int rows0, int rows1, int rows2, const float* x, int cols,
+//         int nb, const float* norm_gain, float norm_eps)
+//   Up to three mmv_<fmt>_b<NB> products of one x in one launch (a layer's q, k and v;
+//   rows2 = 0 for two): y_i = x' w_i^T (+ b_i), no accumulate. NB = 1 or 4.
+//   grid: (sum of ceil(rows_i / SPARKD_MMV_ROWS)), block and shared as mmv.
+//
 // Design: decode is bound by reading the weights, so each weight is read from memory
 // exactly once per step whatever the batch, and the kernel's job is to keep enough
 // bytes in flight to cover DRAM latency (about 3 MB across an H200). A block owns
@@ -53,8 +61,10 @@
 
 // GLU: `w` is the gate matrix, `w_up` the up matrix; the block's weight rows are
 // OUT_ROWS rows of gate, then the same rows of up.
+// `block`: the block's index among those covering this matrix (blockIdx.x, or less
+// where one launch covers several matrices).
 template <int T, int NB, bool GLU>
-static __device__ void mmv(const u8* __restrict__ w, const u8* __restrict__ w_up,
+static __device__ void mmv(int block, const u8* __restrict__ w, const u8* __restrict__ w_up,
                            const float* __restrict__ x, float* __restrict__ y,
                            const float* __restrict__ bias, int rows, int cols, int nb,
                            int accumulate, const float* __restrict__ norm_gain,
@@ -67,7 +77,7 @@ static __device__ void mmv(const u8* __restrict__ w, const u8* __restrict__ w_up
 
     nb = nb < NB ? nb : NB;
     const int warp = threadIdx.x >> 5;
-    const int row0 = blockIdx.x * OUT_ROWS;
+    const int row0 = block * OUT_ROWS;
     const u64 rb = row_bytes<T>(cols);
     const bool norm = norm_gain != nullptr;  // uniform
     // Rows past the end read the last row again; their sums are never written.
@@ -159,21 +169,54 @@ static __device__ void mmv(const u8* __restrict__ w, const u8* __restrict__ w_up
     }
 }
 
+// Up to three matrices of one format that read the same x (a layer's q, k and v) in
+// one launch: the first blocks cover matrix 0, the next matrix 1, then matrix 2
+// (rows2 = 0 for a pair). The branch is uniform over a block.
+template <int T, int NB>
+static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                            float* y2, const float* b0, const float* b1, const float* b2,
+                            int rows0, int rows1, int rows2, const float* x, int cols,
+                            int nb, const float* norm_gain, float norm_eps) {
+    constexpr int ROWS = SPARKD_MMV_ROWS;
+    const int blocks0 = (rows0 + ROWS - 1) / ROWS, blocks1 = (rows1 + ROWS - 1) / ROWS;
+    int block = blockIdx.x;
+    if (block < blocks0) {
+        mmv<T, NB, false>(block, w0, nullptr, x, y0, b0, rows0, cols, nb, 0, norm_gain,
+                          norm_eps);
+    } else if ((block -= blocks0) < blocks1) {
+        mmv<T, NB, false>(block, w1, nullptr, x, y1, b1, rows1, cols, nb, 0, norm_gain,
+                          norm_eps);
+    } else if ((block -= blocks1) * ROWS < rows2) {
+        mmv<T, NB, false>(block, w2, nullptr, x, y2, b2, rows2, cols, nb, 0, norm_gain,
+                          norm_eps);
+    }
+}
+
 #define MMV_ENTRY(name, T, NB)                                                            \
     extern "C" __global__ void __launch_bounds__(SPARKD_MMV_WARPS * 32, 1)               \
         mmv_##name##_b##NB(const u8* w, const float* x, float* y, const float* bias,     \
                            int rows, int cols, int nb, int accumulate,                   \
                            const float* norm_gain, float norm_eps) {                     \
-        mmv<T, NB, false>(w, nullptr, x, y, bias, rows, cols, nb, accumulate, norm_gain, \
-                          norm_eps);                                                      \
+        mmv<T, NB, false>(blockIdx.x, w, nullptr, x, y, bias, rows, cols, nb, accumulate, \
+                          norm_gain, norm_eps);                                           \
     }
 #define MMV_GLU_ENTRY(name, T, NB)                                                        \
     extern "C" __global__ void __launch_bounds__(SPARKD_MMV_WARPS * 32, 1)               \
         mmv_glu_##name##_b##NB(const u8* w_gate, const u8* w_up, const float* x,         \
                                float* y, int rows, int cols, int nb,                     \
                                const float* norm_gain, float norm_eps) {                 \
-        mmv<T, NB, true>(w_gate, w_up, x, y, nullptr, rows, cols, nb, 0, norm_gain,      \
-                         norm_eps);                                                       \
+        mmv<T, NB, true>(blockIdx.x, w_gate, w_up, x, y, nullptr, rows, cols, nb, 0,     \
+                         norm_gain, norm_eps);                                            \
+    }
+#define MMV3_ENTRY(name, T, NB)                                                           \
+    extern "C" __global__ void __launch_bounds__(SPARKD_MMV_WARPS * 32, 1)               \
+        mmv3_##name##_b##NB(const u8* w0, const u8* w1, const u8* w2, float* y0,         \
+                            float* y1, float* y2, const float* b0, const float* b1,      \
+                            const float* b2, int rows0, int rows1, int rows2,            \
+                            const float* x, int cols, int nb, const float* norm_gain,    \
+                            float norm_eps) {                                             \
+        mmv3<T, NB>(w0, w1, w2, y0, y1, y2, b0, b1, b2, rows0, rows1, rows2, x, cols, nb, \
+                    norm_gain, norm_eps);                                                 \
     }
 #define MMV_ALL_BATCHES(name, T) \
     MMV_ENTRY(name, T, 1)        \
@@ -181,5 +224,7 @@ static __device__ void mmv(const u8* __restrict__ w, const u8* __restrict__ w_up
     MMV_ENTRY(name, T, 8)        \
     MMV_ENTRY(name, T, 16)       \
     MMV_GLU_ENTRY(name, T, 1)    \
-    MMV_GLU_ENTRY(name, T, 4)
+    MMV_GLU_ENTRY(name, T, 4)    \
+    MMV3_ENTRY(name, T, 1)       \
+    MMV3_ENTRY(name, T, 4)
 SPARKD_FOR_EACH_WTYPE(MMV_ALL_BATCHES)

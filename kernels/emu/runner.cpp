@@ -103,6 +103,8 @@ std::map<std::string, Runner> kernels() {
     REG(mmv_##name##_b16)  \
     REG(mmv_glu_##name##_b1) \
     REG(mmv_glu_##name##_b4) \
+    REG(mmv3_##name##_b1)  \
+    REG(mmv3_##name##_b4)  \
     REG(mmq_##name##_n8)   \
     REG(mmq_##name##_n16)  \
     REG(mmq_##name##_n32)  \

@@ -136,13 +136,13 @@ pub fn mmv_variant(n: usize) -> Option<usize> {
     MMV_BATCHES.into_iter().find(|&b| b >= n.max(1))
 }
 
-/// The batch variants of the fused gate/up/SwiGLU mat-vec (`mmv_glu`): decode batches
-/// up to 4; larger ones take the tensor-core mat-mul.
-pub const MMV_GLU_BATCHES: [usize; 2] = [1, 4];
+/// The batch variants of the fused mat-vecs (`mmv_glu`, `mmv3`): decode batches up to
+/// 4; larger ones take the tensor-core mat-mul.
+pub const MMV_FUSED_BATCHES: [usize; 2] = [1, 4];
 
 /// The `mmv_glu` variant for `n` activation rows, `None` above the largest.
-pub fn mmv_glu_variant(n: usize) -> Option<usize> {
-    MMV_GLU_BATCHES.into_iter().find(|&b| b >= n.max(1))
+pub fn mmv_fused_variant(n: usize) -> Option<usize> {
+    MMV_FUSED_BATCHES.into_iter().find(|&b| b >= n.max(1))
 }
 
 /// The activation-row widths the tensor-core mat-mul kernels are compiled for.
@@ -163,9 +163,15 @@ pub fn mmv(ty: WeightType, batch: usize) -> String {
     format!("mmv_{}_b{batch}", ty.suffix())
 }
 
-/// `batch` must be one of [`MMV_GLU_BATCHES`] (see [`mmv_glu_variant`]).
+/// `batch` must be one of [`MMV_FUSED_BATCHES`] (see [`mmv_fused_variant`]).
 pub fn mmv_glu(ty: WeightType, batch: usize) -> String {
     format!("mmv_glu_{}_b{batch}", ty.suffix())
+}
+
+/// Up to three mat-vec products of one input in one launch (`mmv3`); `batch` as for
+/// [`mmv_glu`].
+pub fn mmv3(ty: WeightType, batch: usize) -> String {
+    format!("mmv3_{}_b{batch}", ty.suffix())
 }
 
 /// `width` must be one of [`MMQ_WIDTHS`] (see [`mmq_variant`]).
@@ -225,8 +231,9 @@ pub fn all() -> Vec<(&'static str, String)> {
         for b in MMV_BATCHES {
             v.push(("matvec.cu", mmv(ty, b)));
         }
-        for b in MMV_GLU_BATCHES {
+        for b in MMV_FUSED_BATCHES {
             v.push(("matvec.cu", mmv_glu(ty, b)));
+            v.push(("matvec.cu", mmv3(ty, b)));
         }
         for width in MMQ_WIDTHS {
             v.push(("mmq.cu", mmq(ty, width)));

@@ -321,6 +321,113 @@ fn fused_gate_up_matvec_applies_swiglu_for_every_format() {
     }
 }
 
+/// A buffer argument, or null for an empty one (an absent matrix, output or bias).
+fn buf_or_null(b: &mut [u8]) -> Arg<'_> {
+    if b.is_empty() {
+        Arg::Null
+    } else {
+        Arg::Buf(b)
+    }
+}
+
+#[test]
+fn three_matvecs_of_one_input_share_a_launch() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(9);
+    // q, k, v shapes: the block ranges of the three matrices meet mid-grid, and the
+    // last block of each is partial. A pair leaves the third matrix out (rows 0).
+    for (ty, rows) in [
+        (WeightType::Q4_K, vec![37, 10, 6]),
+        (WeightType::Q8_0, vec![9, 14]),
+        (WeightType::Q6_K, vec![5, 5, 13]),
+    ] {
+        let cols = cols_for(ty);
+        let ws: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|&r| random_weights(ty, r, cols, &mut rng))
+            .collect();
+        for (nb_max, nb) in [(1, 1), (4, 3)] {
+            let x = rng.vec(nb * cols, 2.0);
+            let gain = (nb_max == 4).then(|| rng.vec(cols, 1.5));
+            let x_ref = match &gain {
+                Some(g) => rms_normed(&x, g, cols),
+                None => x.clone(),
+            };
+            let biases: Vec<Option<Vec<f32>>> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| (i != 1).then(|| rng.vec(r, 1.0)))
+                .collect();
+            let mut wb: Vec<Vec<u8>> = ws.clone();
+            wb.resize(3, Vec::new());
+            // NaN-filled outputs: a row no block writes stays NaN and fails.
+            let mut yb: Vec<Vec<u8>> = rows
+                .iter()
+                .map(|&r| f32_bytes(&vec![f32::NAN; nb * r]))
+                .collect();
+            yb.resize(3, Vec::new());
+            let mut bb: Vec<Vec<u8>> = biases
+                .iter()
+                .map(|b| b.as_deref().map(f32_bytes).unwrap_or_default())
+                .collect();
+            bb.resize(3, Vec::new());
+            let mut xb = f32_bytes(&x);
+            let mut gb = gain.as_deref().map(f32_bytes).unwrap_or_default();
+            let blocks: usize = rows.iter().map(|r| r.div_ceil(MMV_ROWS_PER_BLOCK)).sum();
+            let [w0, w1, w2] = &mut wb[..] else {
+                unreachable!()
+            };
+            let [y0, y1, y2] = &mut yb[..] else {
+                unreachable!()
+            };
+            let [b0, b1, b2] = &mut bb[..] else {
+                unreachable!()
+            };
+            let row = |i: usize| Arg::I32(rows.get(i).copied().unwrap_or(0) as i32);
+            emu.launch(
+                &names::mmv3(ty, nb_max),
+                [blocks as u32, 1, 1],
+                [MMV_THREADS, 1, 1],
+                &mut [
+                    buf_or_null(w0),
+                    buf_or_null(w1),
+                    buf_or_null(w2),
+                    buf_or_null(y0),
+                    buf_or_null(y1),
+                    buf_or_null(y2),
+                    buf_or_null(b0),
+                    buf_or_null(b1),
+                    buf_or_null(b2),
+                    row(0),
+                    row(1),
+                    row(2),
+                    Arg::Buf(&mut xb),
+                    Arg::I32(cols as i32),
+                    Arg::I32(nb as i32),
+                    if gain.is_some() {
+                        Arg::Buf(&mut gb)
+                    } else {
+                        Arg::Null
+                    },
+                    Arg::F32(NORM_EPS),
+                ],
+            )
+            .unwrap();
+            for (i, &r) in rows.iter().enumerate() {
+                let wf = reference_rows(ty, &ws[i], r, cols);
+                let (want, mag) =
+                    matvec_reference(&wf, &x_ref, r, cols, nb, biases[i].as_deref(), None);
+                let what = format!(
+                    "{} matrix {i} of {} nb={nb}",
+                    names::mmv3(ty, nb_max),
+                    rows.len()
+                );
+                assert_close(&what, &bytes_f32(&yb[i]), &want, &mag, 1e-5);
+            }
+        }
+    }
+}
+
 #[test]
 fn matvec_walks_long_rows_in_several_strides_per_warp() {
     let Some(emu) = emulator() else { return };

@@ -483,10 +483,20 @@ impl<G: Gpu> CudaBackend<G> {
             Ok(Input::F16)
         };
         for (li, l) in self.w.layers.iter().enumerate() {
-            let input = normed(g, l.attn_norm)?;
-            matmul(g, &l.wq, input, q.ptr(), n, l.bq, false)?;
-            matmul(g, &l.wk, input, k.ptr(), n, l.bk, false)?;
-            matmul(g, &l.wv, input, v.ptr(), n, l.bv, false)?;
+            let qkv = [
+                (&l.wq, q.ptr(), l.bq),
+                (&l.wk, k.ptr(), l.bk),
+                (&l.wv, v.ptr(), l.bv),
+            ];
+            match normed(g, l.attn_norm)? {
+                // Small decode batches: q, k and v share launches where they can.
+                Input::F32(src, norm) => ops::matvec_many(g, &qkv, src, n, norm)?,
+                input => {
+                    for (w, y, bias) in qkv {
+                        matmul(g, w, input, y, n, bias, false)?;
+                    }
+                }
+            }
             if let Some(gain) = l.q_norm {
                 ops::rmsnorm(g, q.ptr(), gain, q.ptr(), n * cfg.n_heads, hd, cfg.rms_eps)?;
             }

@@ -154,12 +154,70 @@ pub fn matvec(
     Ok(())
 }
 
+/// One product of [`matvec_many`]: the matrix, its output and bias.
+pub type Product<'a> = (&'a DevMatrix, DevPtr, Option<Buf>);
+
+/// Several mat-vec products of one input (a layer's q, k and v): runs of up to three
+/// matrices of one format share a launch (`mmv3`) where the batch has a fused variant;
+/// the rest go one by one through [`matvec`].
+pub fn matvec_many(
+    gpu: &mut dyn Gpu,
+    products: &[Product<'_>],
+    x: DevPtr,
+    n: usize,
+    norm: Option<Norm>,
+) -> Result<(), GpuError> {
+    let [gain, eps] = norm_args(norm);
+    let mut rest = products;
+    while let Some(&(first, ..)) = rest.first() {
+        let run = rest
+            .iter()
+            .take(3)
+            .take_while(|(w, ..)| w.ty == first.ty && w.cols == first.cols)
+            .count();
+        let (group, tail) = rest.split_at(run);
+        rest = tail;
+        let Some(variant) = names::mmv_fused_variant(n).filter(|_| run > 1) else {
+            for &(w, y, bias) in group {
+                matvec(gpu, w, x, y, n, bias, false, norm)?;
+            }
+            continue;
+        };
+        let member = |i: usize| group.get(i).copied();
+        let mut args = Vec::with_capacity(17);
+        for i in 0..3 {
+            args.push(member(i).map_or(KArg::Null, |(w, ..)| KArg::Ptr(w.buf.ptr())));
+        }
+        for i in 0..3 {
+            args.push(member(i).map_or(KArg::Null, |(_, y, _)| KArg::Ptr(y)));
+        }
+        for i in 0..3 {
+            let bias = member(i).and_then(|(_, _, b)| b);
+            args.push(bias.map_or(KArg::Null, |b| KArg::Ptr(b.ptr())));
+        }
+        for i in 0..3 {
+            args.push(i32_arg(member(i).map_or(0, |(w, ..)| w.rows)));
+        }
+        args.extend([KArg::Ptr(x), i32_arg(first.cols), i32_arg(n), gain, eps]);
+        let blocks: usize = group
+            .iter()
+            .map(|(w, ..)| w.rows.div_ceil(MMV_ROWS_PER_BLOCK))
+            .sum();
+        gpu.launch(
+            &names::mmv3(first.ty, variant),
+            Launch::linear(blocks, MMV_THREADS),
+            &args,
+        )?;
+    }
+    Ok(())
+}
+
 /// Whether the FFN's `gate` and `up` can take the fused mat-vec (`matvec_glu`) for `n`
 /// activation rows: one format and shape, and a batch it is compiled for.
 pub fn matvec_glu_fits(gate: &DevMatrix, up: &DevMatrix, n: usize) -> bool {
     gate.ty == up.ty
         && (gate.rows, gate.cols) == (up.rows, up.cols)
-        && names::mmv_glu_variant(n).is_some()
+        && names::mmv_fused_variant(n).is_some()
 }
 
 /// `y = silu(x' Wg^T) * (x' Wu^T)` in one launch, for `n` rows within
@@ -173,7 +231,7 @@ pub fn matvec_glu(
     norm: Option<Norm>,
 ) -> Result<(), GpuError> {
     let [gain, eps] = norm_args(norm);
-    let variant = names::mmv_glu_variant(n)
+    let variant = names::mmv_fused_variant(n)
         .filter(|_| matvec_glu_fits(gate, up, n))
         .ok_or_else(|| GpuError::Unsupported(format!("a fused gate/up mat-vec of {n} rows")))?;
     gpu.launch(

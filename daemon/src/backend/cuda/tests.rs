@@ -192,8 +192,10 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q4_1_matvec_only() {
     if let Some(emu) = emu {
         assert!(emu.launches_of("mmv_q4_1_b16") > 0);
         assert_eq!(emu.launches_of("mmq_"), 0);
-        // The decode steps (two sequences) fuse gate, up and SwiGLU.
+        // The decode steps (two sequences) fuse gate, up and SwiGLU, and q, k, v
+        // (one format here) share one launch.
         assert!(emu.launches_of("mmv_glu_q4_1_b4") > 0);
+        assert!(emu.launches_of("mmv3_q4_1_b4") > 0);
         // Every RMSNorm on the mat-vec is folded into its products; what remains is
         // the final norm of the rows that steps with prefill pick for logits, one
         // launch a row: the 3-token prompt's last in step 1, then in step 2 the long
