@@ -202,9 +202,29 @@ impl Compiler {
     /// Every module for `arch`.
     pub fn compile_all(&self, arch: Arch) -> Result<PtxSet, KernelError> {
         let nvrtc = nvrtc::load()?;
-        let modules = SOURCES
-            .iter()
-            .map(|(name, _)| self.compile_module(name, arch).map(|c| c.ptx))
+        // One thread per module: a cold start (a new machine, a new NVRTC) compiles
+        // them all, the mat-vec's 88 kernels the longest, and NVRTC programs are
+        // independent. The cache writes each module through its own temporary file.
+        let compiled: Vec<Result<Compiled, KernelError>> = std::thread::scope(|s| {
+            let workers: Vec<_> = SOURCES
+                .iter()
+                .map(|(name, _)| s.spawn(move || self.compile_module(name, arch)))
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join().unwrap_or_else(|_| {
+                        Err(KernelError::Nvrtc {
+                            call: "a compile thread",
+                            code: "panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let modules = compiled
+            .into_iter()
+            .map(|c| c.map(|c| c.ptx))
             .collect::<Result<_, _>>()?;
         Ok(PtxSet {
             arch,

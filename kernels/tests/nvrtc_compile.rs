@@ -106,6 +106,38 @@ fn compiled_ptx_is_cached_and_reused() {
     assert_eq!(files, 1);
 }
 
+/// What the daemon does at start-up: every module at once (a thread each), every
+/// kernel the host launches defined, each module cached for the next start.
+#[test]
+fn compile_all_builds_every_module_concurrently_into_the_cache() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sparkd-ptx-all-{}", std::process::id()));
+    let compiler = Compiler::new().with_cache(PtxCache::new(&dir));
+    let arch: Arch = "sm_90".parse().unwrap();
+    let first = compiler.compile_all(arch).unwrap();
+    let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+    let second = compiler.compile_all(arch).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let order: Vec<&str> = first.modules.iter().map(|p| p.module()).collect();
+    let sources: Vec<&str> = SOURCES.iter().map(|(m, _)| *m).collect();
+    assert_eq!(order, sources, "modules in source order");
+    assert_eq!(files, SOURCES.len(), "one cache file per module");
+    for (module, kernel) in names::all() {
+        let defined_by = first.module_of(&kernel).map(|p| p.module());
+        assert_eq!(defined_by, Some(module), "{kernel}");
+    }
+    let texts = |set: &sparkd_kernels::PtxSet| -> Vec<String> {
+        set.modules.iter().map(|p| p.text().to_string()).collect()
+    };
+    assert_eq!(
+        texts(&first),
+        texts(&second),
+        "the second start reads the cache"
+    );
+}
+
 /// The `(kernel, stack frame bytes, spill store bytes)` triples of a ptxas `-v` report.
 fn ptxas_frames(report: &str) -> Vec<(String, u64, u64)> {
     let mut out = Vec::new();
