@@ -15,6 +15,15 @@
 //   grid  : (ceil(rows / SPARKD_MMQ_ROWS)); block: SPARKD_MMQ_WARPS * 32 = 256 threads;
 //           static shared memory SPARKD_MMQ_WARPS * SPARKD_MMQ_ROWS * NT * 4 bytes
 //
+// extern "C" __global__ void mmq_glu_<fmt>_n<NT>(const u8* w_gate, const u8* w_up,
+//                                                const u16* x, u16* out, int rows,
+//                                                int cols, int n)
+//   The FFN's gate and up products and SwiGLU in one launch, straight to the down
+//   projection's f16 operand: out[b][r] = f16(silu(w_gate[r] . x[b]) * (w_up[r] . x[b])),
+//   both matrices rows x cols of one format; out must not alias x. grid:
+//   (ceil(rows / (SPARKD_MMQ_ROWS / 2))): a block's m16 tile is 8 rows of each matrix,
+//   so a lane's accumulators hold a gate and its up side by side.
+//
 // Why: the mat-vec multiplies on the CUDA cores, one FMA per weight per sequence, with
 // the activations read from shared memory for each; past a few sequences that, not
 // DRAM, bounds a decode step. Here each weight is still read from DRAM once per step
@@ -36,12 +45,16 @@
 // results agree with the f32 mat-vec to about 2^-11 relative per term.
 #include "quant.cuh"
 
-template <int T, int NT>
-static __device__ void mmq(const u8* __restrict__ w, const u16* __restrict__ x,
-                           float* __restrict__ y, const float* __restrict__ bias, int rows,
+// GLU: the tile's rows 0-7 are rows of `w` (the gate), rows 8-15 the same rows of
+// `w_up`, and the output is silu(gate) * up in f16 at `out16`, 8 rows a block.
+template <int T, int NT, bool GLU>
+static __device__ void mmq(const u8* __restrict__ w, const u8* __restrict__ w_up,
+                           const u16* __restrict__ x, float* __restrict__ y,
+                           u16* __restrict__ out16, const float* __restrict__ bias, int rows,
                            int cols, int n, int accumulate) {
     constexpr int WARPS = SPARKD_MMQ_WARPS;
     constexpr int ROWS = SPARKD_MMQ_ROWS;
+    constexpr int OUT_ROWS = GLU ? ROWS / 2 : ROWS;
     constexpr int TILES = NT / 8;
     static_assert(ROWS == 16, "one m16 tile of rows per block");
     static_assert(NT % 8 == 0, "whole n8 tiles");
@@ -50,14 +63,14 @@ static __device__ void mmq(const u8* __restrict__ w, const u16* __restrict__ x,
     n = n < NT ? n : NT;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int row0 = blockIdx.x * ROWS;
+    const int row0 = blockIdx.x * OUT_ROWS;
     // Each output row depends on its own A row alone, so rows past the end are read
     // from the last row (dq8 also yields the run positions, which every lane of a
     // column c must agree on) and their sums are never written.
-    const int ra = row0 + g, rb = row0 + g + 8;
+    const int ra = row0 + g, rb = GLU ? row0 + g : row0 + g + 8;
     const u64 rbytes = row_bytes<T>(cols);
     const u8* wa = w + (u64)(ra < rows ? ra : rows - 1) * rbytes;
-    const u8* wb = w + (u64)(rb < rows ? rb : rows - 1) * rbytes;
+    const u8* wb = (GLU ? w_up : w) + (u64)(rb < rows ? rb : rows - 1) * rbytes;
     const int groups = cols / 8;
 
     float acc[TILES][4];
@@ -105,20 +118,38 @@ static __device__ void mmq(const u8* __restrict__ w, const u16* __restrict__ x,
     for (int t = 0; t < TILES; ++t)
         part[warp][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
     __syncthreads();
-    // Accumulator element e of lane l in tile t: row (l / 4) + 8 (e / 2), sequence
-    // 8 t + 2 (l % 4) + e % 2.
-    for (int i = threadIdx.x; i < ROWS * NT; i += blockDim.x) {
-        const int t = i / 128, l = (i / 4) % 32, e = i % 4;
-        const int row = row0 + (l >> 2) + 8 * (e >> 1);
-        const int seq = 8 * t + 2 * (l & 3) + (e & 1);
-        if (row >= rows || seq >= n) continue;
-        float s = 0.0f;
+    if constexpr (GLU) {
+        // Elements 0, 1 of lane l hold the gate of row l / 4, elements 2, 3 its up,
+        // for sequences 8 t + 2 (l % 4) + 0, 1.
+        for (int i = threadIdx.x; i < OUT_ROWS * NT; i += blockDim.x) {
+            const int t = i / 64, l = (i / 2) % 32, e = i % 2;
+            const int row = row0 + (l >> 2), seq = 8 * t + 2 * (l & 3) + e;
+            if (row >= rows || seq >= n) continue;
+            float gate = 0.0f, up = 0.0f;
 #pragma unroll
-        for (int wp = 0; wp < WARPS; ++wp) {
-            const float4 p = part[wp][t][l];
-            s += e == 0 ? p.x : e == 1 ? p.y : e == 2 ? p.z : p.w;
+            for (int wp = 0; wp < WARPS; ++wp) {
+                const float4 p = part[wp][t][l];
+                gate += e == 0 ? p.x : p.y;
+                up += e == 0 ? p.z : p.w;
+            }
+            out16[(u64)seq * rows + row] = f32_to_f16(silu_mul(gate, up));
         }
-        store_output(y + (u64)seq * rows + row, s, bias, row, accumulate);
+    } else {
+        // Accumulator element e of lane l in tile t: row (l / 4) + 8 (e / 2), sequence
+        // 8 t + 2 (l % 4) + e % 2.
+        for (int i = threadIdx.x; i < ROWS * NT; i += blockDim.x) {
+            const int t = i / 128, l = (i / 4) % 32, e = i % 4;
+            const int row = row0 + (l >> 2) + 8 * (e >> 1);
+            const int seq = 8 * t + 2 * (l & 3) + (e & 1);
+            if (row >= rows || seq >= n) continue;
+            float s = 0.0f;
+#pragma unroll
+            for (int wp = 0; wp < WARPS; ++wp) {
+                const float4 p = part[wp][t][l];
+                s += e == 0 ? p.x : e == 1 ? p.y : e == 2 ? p.z : p.w;
+            }
+            store_output(y + (u64)seq * rows + row, s, bias, row, accumulate);
+        }
     }
 }
 
@@ -126,11 +157,21 @@ static __device__ void mmq(const u8* __restrict__ w, const u16* __restrict__ x,
     extern "C" __global__ void __launch_bounds__(SPARKD_MMQ_WARPS * 32, 1)                \
         mmq_##name##_n##NT(const u8* w, const u16* x, float* y, const float* bias,       \
                            int rows, int cols, int n, int accumulate) {                  \
-        mmq<T, NT>(w, x, y, bias, rows, cols, n, accumulate);                            \
+        mmq<T, NT, false>(w, nullptr, x, y, nullptr, bias, rows, cols, n, accumulate);   \
+    }
+#define MMQ_GLU_ENTRY(name, T, NT)                                                        \
+    extern "C" __global__ void __launch_bounds__(SPARKD_MMQ_WARPS * 32, 1)                \
+        mmq_glu_##name##_n##NT(const u8* w_gate, const u8* w_up, const u16* x, u16* out, \
+                               int rows, int cols, int n) {                              \
+        mmq<T, NT, true>(w_gate, w_up, x, nullptr, out, nullptr, rows, cols, n, 0);      \
     }
 #define MMQ_ALL_WIDTHS(name, T) \
     MMQ_ENTRY(name, T, 8)       \
     MMQ_ENTRY(name, T, 16)      \
     MMQ_ENTRY(name, T, 32)      \
-    MMQ_ENTRY(name, T, 64)
+    MMQ_ENTRY(name, T, 64)      \
+    MMQ_GLU_ENTRY(name, T, 8)   \
+    MMQ_GLU_ENTRY(name, T, 16)  \
+    MMQ_GLU_ENTRY(name, T, 32)  \
+    MMQ_GLU_ENTRY(name, T, 64)
 SPARKD_FOR_EACH_WTYPE(MMQ_ALL_WIDTHS)

@@ -109,6 +109,10 @@ std::map<std::string, Runner> kernels() {
     REG(mmq_##name##_n16)  \
     REG(mmq_##name##_n32)  \
     REG(mmq_##name##_n64)  \
+    REG(mmq_glu_##name##_n8)  \
+    REG(mmq_glu_##name##_n16) \
+    REG(mmq_glu_##name##_n32) \
+    REG(mmq_glu_##name##_n64) \
     REG(dequant_##name##_f16) \
     REG(dequant_##name##_bf16)
     SPARKD_FOR_EACH_WTYPE(REG_W)

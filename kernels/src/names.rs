@@ -179,6 +179,11 @@ pub fn mmq(ty: WeightType, width: usize) -> String {
     format!("mmq_{}_n{width}", ty.suffix())
 }
 
+/// The fused gate/up/SwiGLU tensor-core mat-mul; `width` as for [`mmq`].
+pub fn mmq_glu(ty: WeightType, width: usize) -> String {
+    format!("mmq_glu_{}_n{width}", ty.suffix())
+}
+
 pub fn dequant(ty: WeightType, out: Half) -> String {
     format!("dequant_{}_{}", ty.suffix(), out.suffix())
 }
@@ -237,6 +242,7 @@ pub fn all() -> Vec<(&'static str, String)> {
         }
         for width in MMQ_WIDTHS {
             v.push(("mmq.cu", mmq(ty, width)));
+            v.push(("mmq.cu", mmq_glu(ty, width)));
         }
         for h in [Half::F16, Half::BF16] {
             v.push(("dequant.cu", dequant(ty, h)));

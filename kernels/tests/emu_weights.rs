@@ -535,6 +535,68 @@ fn tensor_core_matmul_matches_the_f16_rounded_product_for_every_format_and_width
     }
 }
 
+#[test]
+fn tensor_core_gate_up_matmul_applies_swiglu_into_f16() {
+    let Some(emu) = emulator() else { return };
+    let mut rng = Rng::new(10);
+    // 21 rows: the last block of 8 has 5, so both of its halves (gate, up) are masked.
+    let rows = 21;
+    let f16_round =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| f16::from_f32(x).to_f32()).collect() };
+    let silu = |g: f64| g / (1.0 + (-g).exp());
+    for ty in [
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+        WeightType::Q8_0,
+        WeightType::F16,
+    ] {
+        let cols = cols_for(ty);
+        let (gate, up) = (
+            random_weights(ty, rows, cols, &mut rng),
+            random_weights(ty, rows, cols, &mut rng),
+        );
+        let gf = f16_round(&reference_rows(ty, &gate, rows, cols));
+        let uf = f16_round(&reference_rows(ty, &up, rows, cols));
+        for (width, n) in [(8, 5), (64, 61)] {
+            // Small activations: the random weights' products would pass f16's range.
+            let x = rng.vec(n * cols, 0.01);
+            let mut xh = to_half(emu, &x, Half::F16);
+            let xv = half_values(&xh, Half::F16);
+            let (g, g_mag) = matvec_reference(&gf, &xv, rows, cols, n, None, None);
+            let (u, u_mag) = matvec_reference(&uf, &xv, rows, cols, n, None, None);
+            let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+            // The f16 rounding of the result (half a subnormal step below f16's normal
+            // range), plus each sum's f32 error (2e-6 of its |terms|, as the plain
+            // mat-mul) carried through silu and the product.
+            let bound: Vec<f64> = (0..want.len())
+                .map(|i| {
+                    (want[i].abs() * 2f64.powi(-11)).max(2f64.powi(-25))
+                        + 2e-6 * (1.1 * g_mag[i] * u[i].abs() + silu(g[i]).abs() * u_mag[i])
+                })
+                .collect();
+            // NaN bits: an output the kernel does not write fails.
+            let mut out = vec![0xff; n * rows * 2];
+            emu.launch(
+                &names::mmq_glu(ty, width),
+                [rows.div_ceil(MMQ_ROWS / 2) as u32, 1, 1],
+                [MMQ_THREADS, 1, 1],
+                &mut [
+                    Arg::Buf(&mut gate.clone()),
+                    Arg::Buf(&mut up.clone()),
+                    Arg::Buf(&mut xh),
+                    Arg::Buf(&mut out),
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                    Arg::I32(n as i32),
+                ],
+            )
+            .unwrap();
+            let what = format!("{} n={n}", names::mmq_glu(ty, width));
+            assert_close(&what, &half_values(&out, Half::F16), &want, &bound, 1.0);
+        }
+    }
+}
+
 /// Runs the f32 -> half conversion kernel.
 fn to_half(emu: &sparkd_kernels::emu::Emulator, v: &[f32], half: Half) -> Vec<u8> {
     let mut inp = f32_bytes(v);

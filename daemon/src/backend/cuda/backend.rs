@@ -86,6 +86,7 @@ pub(super) struct Scratch {
     pub part_o: Option<Buf>,
     pub part_ml: Option<Buf>,
     pub a16: Option<Buf>,
+    pub h16: Option<Buf>,
     pub w16: Option<Buf>,
 }
 

@@ -35,8 +35,9 @@ use crate::model::{SeqInput, BLOCK_TOKENS};
 enum Input {
     /// f32 rows for the mat-vec, with the RMSNorm in front of the products folded in.
     F32(DevPtr, Option<Norm>),
-    /// The rows' f16 copy, already in the step's `a16`, for the tensor-core paths.
-    F16,
+    /// The rows' f16 copy, already made (in the step's `a16` or `h16`), for the
+    /// tensor-core paths.
+    F16(Buf),
 }
 
 /// Which kernels multiply activations by a weight matrix, chosen by the number of rows.
@@ -246,6 +247,9 @@ struct StepBufs {
     meta: Buf,
     /// f16 activations of the tensor-core paths, when the step takes one.
     a16: Option<Buf>,
+    /// The FFN's f16 hidden rows (the fused gate/up mat-mul's output, which cannot
+    /// overwrite its input in a16), on the tensor-core mat-mul path.
+    h16: Option<Buf>,
     /// f16 weights of the GEMM path, when the step takes it.
     w16: Option<Buf>,
 }
@@ -267,6 +271,7 @@ impl StepBufs {
             self.meta,
         ];
         v.extend(self.a16);
+        v.extend(self.h16);
         v.extend(self.w16);
         v
     }
@@ -322,6 +327,10 @@ impl<G: Gpu> CudaBackend<G> {
             Matmul::MatVec => None,
             _ => Some(ensure(g, &mut sc.a16, n * max_cols * 2, "f16 activations")?),
         };
+        let h16 = match shape.matmul {
+            Matmul::TensorCore => Some(ensure(g, &mut sc.h16, n * ffn * 2, "f16 FFN hidden")?),
+            _ => None,
+        };
         let w16 = if shape.matmul == Matmul::Gemm {
             let max_elems = self
                 .w
@@ -355,6 +364,7 @@ impl<G: Gpu> CudaBackend<G> {
             )?,
             meta: ensure(g, &mut sc.meta, meta.words * 4, "step tables")?,
             a16,
+            h16,
             w16,
         })
     }
@@ -420,17 +430,15 @@ impl<G: Gpu> CudaBackend<G> {
                       bias: Option<Buf>,
                       acc: bool|
          -> Result<(), GpuError> {
-            match (Matmul::for_rows(rows, opts), input, b.a16, b.w16) {
-                (Matmul::MatVec, Input::F32(x, norm), _, _) => {
+            match (Matmul::for_rows(rows, opts), input, b.w16) {
+                (Matmul::MatVec, Input::F32(x, norm), _) => {
                     ops::matvec(g, w, x, y, rows, bias, acc, norm)
                 }
-                (Matmul::Gemm, Input::F16, Some(a16), Some(w16))
-                    if w.rows * w.cols * 2 <= w16.bytes =>
-                {
-                    ops::gemm(g, w, (a16, w16), y, rows, bias, acc)
+                (Matmul::Gemm, Input::F16(x16), Some(w16)) if w.rows * w.cols * 2 <= w16.bytes => {
+                    ops::gemm(g, w, (x16, w16), y, rows, bias, acc)
                 }
-                (Matmul::Gemm | Matmul::TensorCore, Input::F16, Some(a16), _) => {
-                    ops::mmq(g, w, a16, y, rows, bias, acc)
+                (Matmul::Gemm | Matmul::TensorCore, Input::F16(x16), _) => {
+                    ops::mmq(g, w, x16, y, rows, bias, acc)
                 }
                 (path, input, ..) => Err(GpuError::Unsupported(format!(
                     "a {rows}-row product on {path:?} given {input:?}"
@@ -471,16 +479,18 @@ impl<G: Gpu> CudaBackend<G> {
             if !tensor_cores {
                 return Ok(Input::F32(x.ptr(), Some(Norm { gain, eps })));
             }
-            ops::rmsnorm_f16(g, x.ptr(), gain, a16()?, n, d, eps)?;
-            Ok(Input::F16)
+            let a16 = a16()?;
+            ops::rmsnorm_f16(g, x.ptr(), gain, a16, n, d, eps)?;
+            Ok(Input::F16(a16))
         };
         // An f32 buffer of `rows` rows of `cols` as the input of products of `rows` rows.
         let plain = |g: &mut G, src: DevPtr, rows: usize, cols: usize| -> Made {
             if Matmul::for_rows(rows, opts) == Matmul::MatVec {
                 return Ok(Input::F32(src, None));
             }
-            ops::to_f16(g, src, a16()?, rows * cols)?;
-            Ok(Input::F16)
+            let a16 = a16()?;
+            ops::to_f16(g, src, a16, rows * cols)?;
+            Ok(Input::F16(a16))
         };
         for (li, l) in self.w.layers.iter().enumerate() {
             let qkv = [
@@ -568,12 +578,20 @@ impl<G: Gpu> CudaBackend<G> {
                     ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
                     Input::F32(gate.ptr(), None)
                 }
-                Input::F16 => {
-                    matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
-                    matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
-                    ops::swiglu_f16(g, gate.ptr(), up.ptr(), a16()?, n * ffn)?;
-                    Input::F16
-                }
+                Input::F16(x16) => match b.h16 {
+                    // Decode batches on the tensor-core mat-mul: both products and
+                    // SwiGLU in one launch, to the f16 operand of down.
+                    Some(h16) if ops::mmq_glu_fits(glu.0, glu.1) => {
+                        ops::mmq_glu(g, glu, x16, h16, n)?;
+                        Input::F16(h16)
+                    }
+                    _ => {
+                        matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
+                        matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
+                        ops::swiglu_f16(g, gate.ptr(), up.ptr(), x16, n * ffn)?;
+                        Input::F16(x16)
+                    }
+                },
             };
             matmul(g, &l.w_down, down_input, x.ptr(), n, None, true)?;
         }

@@ -297,6 +297,48 @@ pub fn mmq(
     Ok(())
 }
 
+/// Whether the FFN's `gate` and `up` can take the fused tensor-core mat-mul.
+pub fn mmq_glu_fits(gate: &DevMatrix, up: &DevMatrix) -> bool {
+    gate.ty == up.ty && (gate.rows, gate.cols) == (up.rows, up.cols)
+}
+
+/// `out16 = f16(silu(x Wg^T) * (x Wu^T))` on the tensor cores, where `a16` holds x's
+/// `n` rows in f16 (as [`mmq`]); one launch per `MMQ_MAX_TOKENS` rows. `out16` must not
+/// be `a16`: later blocks still read the input.
+pub fn mmq_glu(
+    gpu: &mut dyn Gpu,
+    (gate, up): (&DevMatrix, &DevMatrix),
+    a16: Buf,
+    out16: Buf,
+    n: usize,
+) -> Result<(), GpuError> {
+    if !mmq_glu_fits(gate, up) || a16.id == out16.id {
+        return Err(GpuError::Unsupported(
+            "a fused gate/up mat-mul of these matrices or buffers".into(),
+        ));
+    }
+    let mut row = 0;
+    while row < n {
+        let nt = (n - row).min(MMQ_MAX_TOKENS);
+        let width = names::mmq_variant(nt).unwrap_or(MMQ_MAX_TOKENS);
+        gpu.launch(
+            &names::mmq_glu(gate.ty, width),
+            Launch::linear(gate.rows.div_ceil(MMQ_ROWS / 2), MMQ_THREADS),
+            &[
+                KArg::Ptr(gate.buf.ptr()),
+                KArg::Ptr(up.buf.ptr()),
+                KArg::Ptr(a16.at(row * gate.cols * 2)),
+                KArg::Ptr(out16.at(row * gate.rows * 2)),
+                i32_arg(gate.rows),
+                i32_arg(gate.cols),
+                i32_arg(nt),
+            ],
+        )?;
+        row += nt;
+    }
+    Ok(())
+}
+
 /// The prefill path: the whole of `w` dequantized to f16 into `w16`, then the
 /// tensor-core GEMM `y = x W^T (+ bias) (+ y)` on x's f16 rows in `a16` (as [`mmq`]). The GEMM writes
 /// its output with leading dimension `w.rows`, so a panel of `w`'s rows could not land
