@@ -90,6 +90,15 @@ static __device__ __forceinline__ u16 f32_to_bf16(float f) {
 }
 #endif
 
+// An activation rounded to f16 for a tensor-core operand or the KV cache, saturating:
+// a value past f16's range (65504) becomes the largest finite f16 of its sign rather
+// than inf, which a later product or softmax would turn into NaN for the whole row.
+// NaN stays NaN (the comparison is false), so a real fault still shows.
+static __device__ __forceinline__ u16 f32_to_f16_sat(float f) {
+    const float max_f16 = 65504.0f;
+    return f32_to_f16(fabsf(f) > max_f16 ? copysignf(max_f16, f) : f);
+}
+
 // Two floats rounded to f16 and packed as a tensor-core operand register (the lower
 // k index, or column, in the low half).
 static __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
@@ -105,10 +114,10 @@ static __device__ __forceinline__ float quiet_nan() {
 // KV cache elements are f32 or f16; attention and the KV writer are templates over both.
 static __device__ __forceinline__ float kv_load(const float* p) { return *p; }
 static __device__ __forceinline__ float kv_load(const u16* p) { return f16_to_f32(*p); }
-// An f32 result stored as f32, or rounded to f16 (a KV cache entry, or an activation
-// for the tensor-core kernels).
+// An f32 result stored as f32, or rounded to f16, saturating (a KV cache entry, or an
+// activation for the tensor-core kernels).
 static __device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
-static __device__ __forceinline__ void store_as(u16* p, float v) { *p = f32_to_f16(v); }
+static __device__ __forceinline__ void store_as(u16* p, float v) { *p = f32_to_f16_sat(v); }
 
 // SwiGLU's product silu(gate) * up, silu(g) = g / (1 + exp(-g)): the CPU's expression
 // (daemon/src/model/ops.rs silu_mul), so the rounding matches.

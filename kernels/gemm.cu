@@ -16,7 +16,8 @@
 //
 // extern "C" __global__ void convert_f32_f16(const float* in, u16* out, i64 n)
 // extern "C" __global__ void convert_f32_bf16(const float* in, u16* out, i64 n)
-//   out[i] = in[i] rounded to nearest even. grid any (grid-stride), block 256.
+//   out[i] = in[i] rounded to nearest even (f16: saturating at +-65504, as every f16
+//   activation; bf16 has f32's range). grid any (grid-stride), block 256.
 //
 // Design: 128 x 128 output tile per block, k in steps of 32 through a three-stage
 // cp.async pipeline in shared memory: two k-slices are in flight while a third is
@@ -172,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 extern "C" __global__ void convert_f32_f16(const float* in, u16* out, i64 n) {
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
-        out[i] = f32_to_f16(in[i]);
+        out[i] = f32_to_f16_sat(in[i]);
 }
 
 extern "C" __global__ void convert_f32_bf16(const float* in, u16* out, i64 n) {

@@ -132,7 +132,7 @@ static __device__ void mmq(const u8* __restrict__ w, const u8* __restrict__ w_up
                 gate += e == 0 ? p.x : p.y;
                 up += e == 0 ? p.z : p.w;
             }
-            out16[(u64)seq * rows + row] = f32_to_f16(silu_mul(gate, up));
+            out16[(u64)seq * rows + row] = f32_to_f16_sat(silu_mul(gate, up));
         }
     } else {
         // Accumulator element e of lane l in tile t: row (l / 4) + 8 (e / 2), sequence

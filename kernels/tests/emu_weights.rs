@@ -597,6 +597,27 @@ fn tensor_core_gate_up_matmul_applies_swiglu_into_f16() {
     }
 }
 
+#[test]
+fn f16_activations_saturate_at_the_largest_finite_value_and_keep_nan() {
+    let Some(emu) = emulator() else { return };
+    let v = [
+        1.5f32,
+        70_000.0,
+        -1.0e9,
+        f32::INFINITY,
+        65_504.0,
+        65_519.0, // rounds to 65504 anyway
+        f32::NAN,
+    ];
+    let got: Vec<f32> = half_values(&to_half(emu, &v, Half::F16), Half::F16);
+    let want = [1.5, 65_504.0, -65_504.0, 65_504.0, 65_504.0, 65_504.0];
+    assert_eq!(&got[..6], &want);
+    assert!(got[6].is_nan(), "NaN stays NaN: {got:?}");
+    // bf16 has f32's range: no saturation there.
+    let got = half_values(&to_half(emu, &v[..3], Half::BF16), Half::BF16);
+    assert!(got[1] > 69_000.0 && got[2] < -9.9e8, "{got:?}");
+}
+
 /// Runs the f32 -> half conversion kernel.
 fn to_half(emu: &sparkd_kernels::emu::Emulator, v: &[f32], half: Half) -> Vec<u8> {
     let mut inp = f32_bytes(v);
