@@ -6,13 +6,12 @@
 //! for an error well inside the parity bar), the step's device scratch and the host
 //! copy of the logits the engine samples from.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sparkd_kernels::names::KvType;
 
-use super::gpu::{kernel_times, u32_bytes, Buf, Gpu, GpuError, KernelTime};
+use super::gpu::{u32_bytes, Buf, Gpu, GpuError, KernelTime, KernelTotals};
 use super::graphs::Graphs;
 use super::weights::DevWeights;
 use crate::backend::{Backend, BackendError, DeviceReport};
@@ -148,7 +147,7 @@ pub struct KernelProfile {
 #[derive(Debug, Default)]
 pub(super) struct ProfileTotals {
     steps: [u64; 2],
-    kernels: [HashMap<String, (u64, Duration)>; 2],
+    kernels: [KernelTotals; 2],
 }
 
 impl ProfileTotals {
@@ -156,9 +155,7 @@ impl ProfileTotals {
         let i = usize::from(!decode);
         self.steps[i] += 1;
         for t in times {
-            let e = self.kernels[i].entry(t.kernel).or_default();
-            e.0 += t.launches;
-            e.1 += t.time;
+            self.kernels[i].add(&t.kernel, t.launches, t.time);
         }
     }
 
@@ -166,9 +163,9 @@ impl ProfileTotals {
         let [decode, prefill] = self.kernels;
         KernelProfile {
             decode_steps: self.steps[0],
-            decode: kernel_times(decode),
+            decode: decode.sorted(),
             prefill_steps: self.steps[1],
-            prefill: kernel_times(prefill),
+            prefill: prefill.sorted(),
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sparkd_kernels::emu::{Arg, Emulator};
 
-use super::gpu::{kernel_times, Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, Launch};
+use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, KernelTotals, Launch};
 use crate::backend::DeviceReport;
 
 pub struct EmuGpu {
@@ -28,9 +28,9 @@ pub struct EmuGpu {
     step_started: Option<Instant>,
     launches: u64,
     /// Per kernel: launches and wall time in the emulator (tests print where time goes).
-    profile: HashMap<String, (u64, Duration)>,
+    profile: KernelTotals,
     /// The same since the last `take_kernel_times`, while kernel timing is on.
-    timed: Option<HashMap<String, (u64, Duration)>>,
+    timed: Option<KernelTotals>,
     /// The launches recorded since `capture_begin`, while capturing.
     capturing: Option<Vec<Recorded>>,
     graphs: Vec<Option<Vec<Recorded>>>,
@@ -52,7 +52,7 @@ impl EmuGpu {
             bufs: Vec::new(),
             step_started: None,
             launches: 0,
-            profile: HashMap::new(),
+            profile: KernelTotals::default(),
             timed: None,
             capturing: None,
             graphs: Vec::new(),
@@ -72,22 +72,12 @@ impl EmuGpu {
 
     /// Launches of the kernels whose names start with `prefix`.
     pub fn launches_of(&self, prefix: &str) -> u64 {
-        self.profile
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix))
-            .map(|(_, &(n, _))| n)
-            .sum()
+        self.profile.launches_of(prefix)
     }
 
     /// Launch count and emulator time per kernel, most time first.
-    pub fn profile(&self) -> Vec<(String, u64, Duration)> {
-        let mut v: Vec<_> = self
-            .profile
-            .iter()
-            .map(|(k, &(n, t))| (k.clone(), n, t))
-            .collect();
-        v.sort_by_key(|e| std::cmp::Reverse(e.2));
-        v
+    pub fn profile(&self) -> Vec<KernelTime> {
+        self.profile.sorted()
     }
 
     fn buf(&self, p: DevPtr, len: usize) -> Result<&Vec<u8>, GpuError> {
@@ -216,9 +206,7 @@ impl Gpu for EmuGpu {
                 .map_err(GpuError::from);
             let took = t.elapsed();
             for totals in std::iter::once(&mut self.profile).chain(self.timed.as_mut()) {
-                let e = totals.entry(kernel.to_string()).or_default();
-                e.0 += 1;
-                e.1 += took;
+                totals.add(kernel, 1, took);
             }
             r
         };
@@ -285,7 +273,7 @@ impl Gpu for EmuGpu {
     fn set_kernel_timing(&mut self, on: bool) -> Result<(), GpuError> {
         self.not_capturing("kernel timing")?;
         match (on, self.timed.is_some()) {
-            (true, false) => self.timed = Some(HashMap::new()),
+            (true, false) => self.timed = Some(KernelTotals::default()),
             (false, _) => self.timed = None,
             (true, true) => {}
         }
@@ -296,7 +284,7 @@ impl Gpu for EmuGpu {
         Ok(self
             .timed
             .as_mut()
-            .map(|t| kernel_times(std::mem::take(t)))
+            .map(|t| std::mem::take(t).sorted())
             .unwrap_or_default())
     }
 

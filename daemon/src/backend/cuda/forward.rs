@@ -566,32 +566,32 @@ impl<G: Gpu> CudaBackend<G> {
             matmul(g, &l.wo, input, x.ptr(), n, None, true)?;
             let input = normed(g, l.ffn_norm)?;
             let glu = (&l.w_gate, &l.w_up);
-            let down_input = match input {
-                Input::F32(src, norm) if ops::matvec_glu_fits(glu.0, glu.1, n) => {
+            let down_input = match (input, b.h16) {
+                (Input::F32(src, norm), _) if ops::matvec_glu_fits(glu.0, glu.1, n) => {
                     // Small decode batches: both products and SwiGLU in one launch.
                     ops::matvec_glu(g, glu, src, gate.ptr(), n, norm)?;
                     Input::F32(gate.ptr(), None)
                 }
-                Input::F32(..) => {
+                (Input::F16(x16), Some(h16)) if ops::gate_up_fusable(glu.0, glu.1) => {
+                    // Decode batches on the tensor-core mat-mul: the same, to the f16
+                    // operand of down.
+                    ops::mmq_glu(g, glu, x16, h16, n)?;
+                    Input::F16(h16)
+                }
+                _ => {
                     matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
                     matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
-                    ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
-                    Input::F32(gate.ptr(), None)
+                    match input {
+                        Input::F32(..) => {
+                            ops::swiglu(g, gate.ptr(), up.ptr(), n * ffn)?;
+                            Input::F32(gate.ptr(), None)
+                        }
+                        Input::F16(x16) => {
+                            ops::swiglu_f16(g, gate.ptr(), up.ptr(), x16, n * ffn)?;
+                            Input::F16(x16)
+                        }
+                    }
                 }
-                Input::F16(x16) => match b.h16 {
-                    // Decode batches on the tensor-core mat-mul: both products and
-                    // SwiGLU in one launch, to the f16 operand of down.
-                    Some(h16) if ops::mmq_glu_fits(glu.0, glu.1) => {
-                        ops::mmq_glu(g, glu, x16, h16, n)?;
-                        Input::F16(h16)
-                    }
-                    _ => {
-                        matmul(g, &l.w_gate, input, gate.ptr(), n, None, false)?;
-                        matmul(g, &l.w_up, input, up.ptr(), n, None, false)?;
-                        ops::swiglu_f16(g, gate.ptr(), up.ptr(), x16, n * ffn)?;
-                        Input::F16(x16)
-                    }
-                },
             };
             matmul(g, &l.w_down, down_input, x.ptr(), n, None, true)?;
         }

@@ -162,18 +162,41 @@ pub struct KernelTime {
     pub time: Duration,
 }
 
-/// Per-kernel totals as [`Gpu::take_kernel_times`] returns them: most time first.
-pub fn kernel_times(totals: HashMap<String, (u64, Duration)>) -> Vec<KernelTime> {
-    let mut v: Vec<KernelTime> = totals
-        .into_iter()
-        .map(|(kernel, (launches, time))| KernelTime {
-            kernel,
-            launches,
-            time,
-        })
-        .collect();
-    v.sort_by(|a, b| b.time.cmp(&a.time).then_with(|| a.kernel.cmp(&b.kernel)));
-    v
+/// Launches and time per kernel, summed (a device's timer, the emulator's profile, a
+/// backend's profile by kind of step).
+#[derive(Debug, Default, Clone)]
+pub struct KernelTotals(HashMap<String, (u64, Duration)>);
+
+impl KernelTotals {
+    pub fn add(&mut self, kernel: &str, launches: u64, time: Duration) {
+        let e = self.0.entry(kernel.to_string()).or_default();
+        e.0 += launches;
+        e.1 += time;
+    }
+
+    /// Launches of the kernels whose names start with `prefix`.
+    pub fn launches_of(&self, prefix: &str) -> u64 {
+        self.0
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, &(n, _))| n)
+            .sum()
+    }
+
+    /// The totals as [`Gpu::take_kernel_times`] returns them: most time first.
+    pub fn sorted(&self) -> Vec<KernelTime> {
+        let mut v: Vec<KernelTime> = self
+            .0
+            .iter()
+            .map(|(kernel, &(launches, time))| KernelTime {
+                kernel: kernel.clone(),
+                launches,
+                time,
+            })
+            .collect();
+        v.sort_by(|a, b| b.time.cmp(&a.time).then_with(|| a.kernel.cmp(&b.kernel)));
+        v
+    }
 }
 
 /// Little-endian bytes of f32s (the host and every CUDA device are little-endian).

@@ -212,12 +212,16 @@ pub fn matvec_many(
     Ok(())
 }
 
-/// Whether the FFN's `gate` and `up` can take the fused mat-vec (`matvec_glu`) for `n`
-/// activation rows: one format and shape, and a batch it is compiled for.
+/// Whether the FFN's `gate` and `up` can share a fused launch (`matvec_glu`,
+/// `mmq_glu`): one format and one shape.
+pub fn gate_up_fusable(gate: &DevMatrix, up: &DevMatrix) -> bool {
+    gate.ty == up.ty && (gate.rows, gate.cols) == (up.rows, up.cols)
+}
+
+/// Whether the fused mat-vec (`matvec_glu`) takes `gate` and `up` for `n` activation
+/// rows: fusable, and a batch it is compiled for.
 pub fn matvec_glu_fits(gate: &DevMatrix, up: &DevMatrix, n: usize) -> bool {
-    gate.ty == up.ty
-        && (gate.rows, gate.cols) == (up.rows, up.cols)
-        && names::mmv_fused_variant(n).is_some()
+    gate_up_fusable(gate, up) && names::mmv_fused_variant(n).is_some()
 }
 
 /// `y = silu(x' Wg^T) * (x' Wu^T)` in one launch, for `n` rows within
@@ -261,6 +265,15 @@ pub fn to_f16(gpu: &mut dyn Gpu, x: DevPtr, a16: Buf, count: usize) -> Result<()
     )
 }
 
+/// The launches of a tensor-core mat-mul over `n` rows: (first row, rows, the kernel
+/// width for them), `MMQ_MAX_TOKENS` rows at most each.
+fn mmq_chunks(n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..n).step_by(MMQ_MAX_TOKENS).map(move |row| {
+        let nt = (n - row).min(MMQ_MAX_TOKENS);
+        (row, nt, names::mmq_variant(nt).unwrap_or(MMQ_MAX_TOKENS))
+    })
+}
+
 /// `y = x W^T (+ bias) (+ y)` on the tensor cores with the weights dequantized in
 /// registers, where `a16` holds x's `n` rows in f16 ([`to_f16`], [`rmsnorm_f16`],
 /// [`swiglu_f16`]): one launch per `MMQ_MAX_TOKENS` rows, each reading every weight
@@ -274,10 +287,7 @@ pub fn mmq(
     bias: Option<Buf>,
     accumulate: bool,
 ) -> Result<(), GpuError> {
-    let mut row = 0;
-    while row < n {
-        let nt = (n - row).min(MMQ_MAX_TOKENS);
-        let width = names::mmq_variant(nt).unwrap_or(MMQ_MAX_TOKENS);
+    for (row, nt, width) in mmq_chunks(n) {
         gpu.launch(
             &names::mmq(w.ty, width),
             Launch::linear(w.rows.div_ceil(MMQ_ROWS), MMQ_THREADS),
@@ -292,14 +302,8 @@ pub fn mmq(
                 KArg::I32(accumulate as i32),
             ],
         )?;
-        row += nt;
     }
     Ok(())
-}
-
-/// Whether the FFN's `gate` and `up` can take the fused tensor-core mat-mul.
-pub fn mmq_glu_fits(gate: &DevMatrix, up: &DevMatrix) -> bool {
-    gate.ty == up.ty && (gate.rows, gate.cols) == (up.rows, up.cols)
 }
 
 /// `out16 = f16(silu(x Wg^T) * (x Wu^T))` on the tensor cores, where `a16` holds x's
@@ -312,15 +316,12 @@ pub fn mmq_glu(
     out16: Buf,
     n: usize,
 ) -> Result<(), GpuError> {
-    if !mmq_glu_fits(gate, up) || a16.id == out16.id {
+    if !gate_up_fusable(gate, up) || a16.id == out16.id {
         return Err(GpuError::Unsupported(
             "a fused gate/up mat-mul of these matrices or buffers".into(),
         ));
     }
-    let mut row = 0;
-    while row < n {
-        let nt = (n - row).min(MMQ_MAX_TOKENS);
-        let width = names::mmq_variant(nt).unwrap_or(MMQ_MAX_TOKENS);
+    for (row, nt, width) in mmq_chunks(n) {
         gpu.launch(
             &names::mmq_glu(gate.ty, width),
             Launch::linear(gate.rows.div_ceil(MMQ_ROWS / 2), MMQ_THREADS),
@@ -334,17 +335,16 @@ pub fn mmq_glu(
                 i32_arg(nt),
             ],
         )?;
-        row += nt;
     }
     Ok(())
 }
 
 /// The prefill path: the whole of `w` dequantized to f16 into `w16`, then the
-/// tensor-core GEMM `y = x W^T (+ bias) (+ y)` on x's f16 rows in `a16` (as [`mmq`]). The GEMM writes
-/// its output with leading dimension `w.rows`, so a panel of `w`'s rows could not land
-/// in place: the scratch holds the whole matrix (the caller sizes it for the largest
-/// layer matrix and takes the tensor-core mat-mul for anything bigger).
-#[allow(clippy::too_many_arguments)]
+/// tensor-core GEMM `y = x W^T (+ bias) (+ y)` on x's f16 rows in `a16` (as [`mmq`]).
+/// The GEMM writes its output with leading dimension `w.rows`, so a panel of `w`'s
+/// rows could not land in place: the scratch holds the whole matrix (the caller sizes
+/// it for the largest layer matrix and takes the tensor-core mat-mul for anything
+/// bigger).
 pub fn gemm(
     gpu: &mut dyn Gpu,
     w: &DevMatrix,

@@ -23,7 +23,7 @@ use cudarc::driver::result::{self, stream::StreamKind, DriverError};
 use cudarc::driver::{sys, CudaContext};
 use sparkd_kernels::Arch;
 
-use super::gpu::{kernel_times, Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, Launch};
+use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, KernelTotals, Launch};
 use crate::backend::DeviceReport;
 
 fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuError {
@@ -61,7 +61,7 @@ pub struct CudaGpu {
 struct LaunchTimer {
     events: Vec<sys::CUevent>,
     kernels: Vec<String>,
-    totals: HashMap<String, (u64, Duration)>,
+    totals: KernelTotals,
 }
 
 impl LaunchTimer {
@@ -93,9 +93,8 @@ impl LaunchTimer {
             for (i, kernel) in self.kernels.drain(..).enumerate() {
                 let ms = result::event::elapsed(self.events[i], self.events[i + 1])
                     .map_err(driver("cuEventElapsedTime"))?;
-                let e = self.totals.entry(kernel).or_default();
-                e.0 += 1;
-                e.1 += Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3);
+                let took = Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3);
+                self.totals.add(&kernel, 1, took);
             }
         }
         Ok(())
@@ -439,7 +438,7 @@ impl Gpu for CudaGpu {
             return Ok(Vec::new());
         };
         t.flush()?;
-        Ok(kernel_times(std::mem::take(&mut t.totals)))
+        Ok(std::mem::take(&mut t.totals).sorted())
     }
 
     fn name(&self) -> String {

@@ -102,8 +102,12 @@ fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) -> 
         gpu.gemm_steps(),
         started.elapsed().as_secs_f64()
     );
-    for (k, n, t) in gpu.gpu().profile().iter().take(8) {
-        eprintln!("{name}:   {k}: {n} launches, {:.2} s", t.as_secs_f64());
+    for k in gpu.gpu().profile().iter().take(8) {
+        let secs = k.time.as_secs_f64();
+        eprintln!(
+            "{name}:   {}: {} launches, {secs:.2} s",
+            k.kernel, k.launches
+        );
     }
     assert_eq!(report.steps, plan.steps);
     assert!(report.max_rel_err < 1e-2, "{name}: {report:?}");
@@ -338,8 +342,8 @@ fn emulated_cuda_split_k_decode_matches_the_cpu_past_one_partition() {
     let reduces = emu
         .profile()
         .iter()
-        .find(|(k, _, _)| k == "attn_decode_reduce")
-        .map_or(0, |p| p.1);
+        .find(|k| k.kernel == "attn_decode_reduce")
+        .map_or(0, |k| k.launches);
     assert_eq!(reduces, 3, "one split merge per decode step");
 }
 
