@@ -3,8 +3,9 @@
 # cached) and runs the sparkd-kernels tests with it, which compile every kernel module
 # for sm_90 and sm_121, require an empty NVRTC log, check the kernel list, and require
 # ptxas to report no register spills; the same run executes the kernels on the CPU
-# emulator (kernels/emu) against CPU references. Fails (rather than skips) if NVRTC
-# cannot load.
+# emulator (kernels/emu) against CPU references; then runs the real sparkd binary on
+# `--device cuda` with the stand-in driver library (the emulator behind the CUDA driver
+# API). Fails (rather than skips) if NVRTC cannot load.
 # Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,3 +14,7 @@ export SPARKD_NVRTC_LIB SPARKD_CUDA_INCLUDE
 export SPARKD_REQUIRE_NVRTC=1
 # Only the NVRTC test: the emulator tests already ran in `cargo test --workspace`.
 cargo test -p sparkd-kernels --test nvrtc_compile "$@"
+# Then the real sparkd on `--device cuda` through the stand-in driver
+# (kernels/emu/fake_libcuda.cpp): gpu-parity, the daemon, and unusable-GPU errors.
+cargo build --workspace --bins
+cargo test -p sparkd-e2e --test cuda_fake_driver "$@"

@@ -13,19 +13,7 @@
 //   null            a null pointer
 //   i32 <v> | i64 <v> | f32 <bits as u32>   scalars
 // Arguments follow the kernel's parameter order. Exit status 0 on success.
-#include "cuda_emu.h"
-
-#include "../argmax.cu"
-#include "../attn_decode.cu"
-#include "../attn_prefill.cu"
-#include "../dequant.cu"
-#include "../elementwise.cu"
-#include "../embed.cu"
-#include "../gemm.cu"
-#include "../matvec.cu"
-#include "../mmq.cu"
-#include "../rmsnorm.cu"
-#include "../rope_kv.cu"
+#include "kernels.h"
 
 #include <cstdio>
 #include <fstream>
@@ -95,36 +83,7 @@ Runner wrap(void (*k)(P...)) {
 std::map<std::string, Runner> kernels() {
     std::map<std::string, Runner> m;
 #define REG(name) m[#name] = wrap(name);
-#define REG_W(name, T)     \
-    REG(embed_##name)      \
-    REG(mmv_##name##_b1)   \
-    REG(mmv_##name##_b4)   \
-    REG(mmv_##name##_b8)   \
-    REG(mmv_##name##_b16)  \
-    REG(mmv_glu_##name##_b1) \
-    REG(mmv_glu_##name##_b4) \
-    REG(mmv3_##name##_b1)  \
-    REG(mmv3_##name##_b4)  \
-    REG(mmq_##name##_n8)   \
-    REG(mmq_##name##_n16)  \
-    REG(mmq_##name##_n32)  \
-    REG(mmq_##name##_n64)  \
-    REG(mmq_glu_##name##_n8)  \
-    REG(mmq_glu_##name##_n16) \
-    REG(mmq_glu_##name##_n32) \
-    REG(mmq_glu_##name##_n64) \
-    REG(dequant_##name##_f16) \
-    REG(dequant_##name##_bf16)
-    SPARKD_FOR_EACH_WTYPE(REG_W)
-    REG(gemm_f16) REG(gemm_bf16) REG(convert_f32_f16) REG(convert_f32_bf16)
-    REG(rope_kv_write_f32) REG(rope_kv_write_f16)
-    REG(attn_decode_f32) REG(attn_decode_f16) REG(attn_decode_reduce)
-    REG(attn_prefill_f32) REG(attn_prefill_f16)
-    REG(attn_prefill_f16_tc_hd32) REG(attn_prefill_f16_tc_hd64)
-    REG(attn_prefill_f16_tc_hd96) REG(attn_prefill_f16_tc_hd128)
-    REG(rmsnorm_f32) REG(rmsnorm_f16)
-    REG(swiglu_f32) REG(swiglu_f16) REG(argmax_f32)
-#undef REG_W
+    SPARKD_EMU_KERNELS(REG)
 #undef REG
     return m;
 }

@@ -14,7 +14,23 @@ use crate::sources::{HEADERS, SOURCES};
 
 const EMU_FILES: &[(&str, &str)] = &[
     ("emu/cuda_emu.h", include_str!("../emu/cuda_emu.h")),
+    ("emu/kernels.h", include_str!("../emu/kernels.h")),
     ("emu/runner.cpp", include_str!("../emu/runner.cpp")),
+    (
+        "emu/fake_libcuda.cpp",
+        include_str!("../emu/fake_libcuda.cpp"),
+    ),
+];
+
+/// The flags both builds share: C++20, and floating point exactly as written (no
+/// contraction into FMAs), so results are reproducible across hosts.
+const CXX_FLAGS: &[&str] = &[
+    "-std=c++20",
+    "-O1",
+    "-fno-strict-aliasing",
+    "-ffp-contract=off",
+    "-pthread",
+    "-Wno-unknown-pragmas",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -63,58 +79,16 @@ impl Emulator {
     /// The process-wide emulator, built on first use. A failure is reported again (as
     /// text) on later calls without rebuilding.
     pub fn get() -> Result<&'static Emulator, EmuError> {
-        match EMULATOR.get_or_init(|| Self::build().map_err(|e| e.to_string())) {
-            Ok(e) => Ok(e),
-            Err(msg) if msg.starts_with("no C++ compiler") => {
-                Err(EmuError::NoCompiler(msg.clone()))
-            }
-            Err(msg) => Err(EmuError::Build(msg.clone())),
-        }
+        EMULATOR
+            .get_or_init(|| Self::build().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|msg| retyped(msg))
     }
 
     fn build() -> Result<Emulator, EmuError> {
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-        let mut h = Sha256::new();
-        for (name, text) in SOURCES.iter().chain(HEADERS).chain(EMU_FILES) {
-            h.update(name.as_bytes());
-            h.update(text.as_bytes());
-        }
-        h.update(cxx.as_bytes());
-        let hash: String = h.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let dir = std::env::temp_dir().join(format!("sparkd-emu-{hash}"));
-        let exe = dir.join("runner");
-        if exe.is_file() {
-            return Ok(Emulator { exe });
-        }
-        std::fs::create_dir_all(dir.join("emu"))?;
-        for (name, text) in SOURCES.iter().chain(HEADERS).chain(EMU_FILES) {
-            std::fs::write(dir.join(name), text)?;
-        }
-        let tmp = dir.join(format!("runner.{}.tmp", std::process::id()));
-        let out = Command::new(&cxx)
-            .args([
-                "-std=c++20",
-                "-O1",
-                "-fno-strict-aliasing",
-                "-ffp-contract=off",
-                "-pthread",
-            ])
-            .arg("-Wno-unknown-pragmas")
-            .arg("-o")
-            .arg(&tmp)
-            .arg(dir.join("emu/runner.cpp"))
-            .output()
-            .map_err(|e| EmuError::NoCompiler(format!("{cxx}: {e}")))?;
-        if !out.status.success() {
-            return Err(EmuError::Build(
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            ));
-        }
-        std::fs::rename(&tmp, &exe)?;
-        Ok(Emulator { exe })
+        Ok(Emulator {
+            exe: build_once("emu/runner.cpp", "runner", &[])?,
+        })
     }
 
     /// Runs `kernel` over `grid` blocks of `block` threads with `args`.
@@ -190,4 +164,78 @@ impl Emulator {
         }
         Ok(())
     }
+}
+
+static FAKE_DRIVER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// Builds (once per process, and once per source hash on disk) the stand-in CUDA
+/// driver, `emu/fake_libcuda.cpp`, and returns the directory holding it as
+/// `libcuda.so`: a process started with that directory first on `LD_LIBRARY_PATH`
+/// runs its CUDA backend on the emulator. Tests use it to run the driver-facing code
+/// (device probe, module loading, launches, graphs, events) without a GPU.
+pub fn fake_driver_dir() -> Result<PathBuf, EmuError> {
+    let built = FAKE_DRIVER.get_or_init(|| {
+        build_once(
+            "emu/fake_libcuda.cpp",
+            "libcuda.so",
+            &["-fPIC", "-shared", "-fvisibility=hidden"],
+        )
+        .map_err(|e| e.to_string())
+    });
+    match built {
+        Ok(lib) => Ok(lib.parent().expect("built into a directory").to_path_buf()),
+        Err(msg) => Err(retyped(msg)),
+    }
+}
+
+/// A build failure kept as text (for later callers in the process), typed again.
+fn retyped(msg: &str) -> EmuError {
+    if msg.starts_with("no C++ compiler") {
+        EmuError::NoCompiler(msg.to_string())
+    } else {
+        EmuError::Build(msg.to_string())
+    }
+}
+
+/// Compiles `source` (a path in EMU_FILES) with the kernel sources into `output`, in a
+/// temporary directory named by the hash of every input and the compiler, and returns
+/// the output's path. An existing output is reused; a new one appears atomically, so
+/// concurrent test processes never run a half-written file.
+fn build_once(source: &str, output: &str, extra: &[&str]) -> Result<PathBuf, EmuError> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    let mut h = Sha256::new();
+    for (name, text) in SOURCES.iter().chain(HEADERS).chain(EMU_FILES) {
+        h.update(name.as_bytes());
+        h.update(text.as_bytes());
+    }
+    h.update(cxx.as_bytes());
+    let hash: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("sparkd-emu-{hash}"));
+    let out_path = dir.join(output);
+    if out_path.is_file() {
+        return Ok(out_path);
+    }
+    std::fs::create_dir_all(dir.join("emu"))?;
+    for (name, text) in SOURCES.iter().chain(HEADERS).chain(EMU_FILES) {
+        std::fs::write(dir.join(name), text)?;
+    }
+    let tmp = dir.join(format!("{output}.{}.tmp", std::process::id()));
+    let out = Command::new(&cxx)
+        .args(CXX_FLAGS)
+        .args(extra)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(dir.join(source))
+        .output()
+        .map_err(|e| EmuError::NoCompiler(format!("{cxx}: {e}")))?;
+    if !out.status.success() {
+        return Err(EmuError::Build(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    std::fs::rename(&tmp, &out_path)?;
+    Ok(out_path)
 }
