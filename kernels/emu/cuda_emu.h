@@ -1,26 +1,34 @@
 // cuda_emu.h - a host (CPU) emulation of the CUDA features sparkd's kernels use, so that
 // tests on machines without a GPU run the real kernel sources (src/emu.rs drives it).
 //
-// Each emulated thread is an OS thread; the blocks of a launch run one after another,
-// the threads of a block concurrently. __syncthreads is a std::barrier over the block,
-// warp shuffles exchange values through per-warp slots between two barrier phases, and
-// threads that return early drop out of both barriers, as exited threads do on sm_70+.
-// `__shared__` becomes `static`: one copy per kernel, which is right while one block
-// runs at a time. cp.async is a synchronous copy, ldmatrix and mma.sync gather their
+// Each emulated thread is a fiber (ucontext) on the launching OS thread; the blocks of a
+// launch run one after another, the threads of a block switch at synchronisation points.
+// __syncthreads is a barrier over the block, warp shuffles exchange values through
+// per-warp slots between two barrier phases, and threads that return early drop out of
+// both barriers, as exited threads do on sm_70+. `__shared__` becomes `static`: one copy
+// per kernel, which is right while one block runs at a time. cp.async is a synchronous copy, ldmatrix and mma.sync gather their
 // operands from the 32 lanes and follow the fragment layouts of the PTX ISA.
 //
 // This checks indexing, synchronisation structure and arithmetic; it cannot find races
 // that depend on real warp scheduling or asynchronous copies, nor measure performance.
 #pragma once
+// Fibers switch with _setjmp/_longjmp between stacks, which glibc's fortified longjmp
+// would take for stack corruption. This header comes first in every translation unit
+// that uses it, before any system header reads the macro.
+#undef _FORTIFY_SOURCE
 #define SPARKD_HOST_EMULATION 1
 
-#include <barrier>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <stdexcept>
 #include <vector>
+
+#include <csetjmp>
+#include <sys/mman.h>
+#include <ucontext.h>
 
 #define __global__
 #define __device__
@@ -64,34 +72,83 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 
-static thread_local dim3 threadIdx, blockIdx;
+// The executing thread's coordinates. Plain globals: the scheduler below runs every
+// emulated thread on the one OS thread that called `emu::launch` and sets them before
+// it resumes each one (launches never overlap; the stand-in driver holds a lock).
+static dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
 
 namespace emu {
 
+// A barrier among cooperating fibers. `expected` shrinks as threads exit (exited
+// threads drop out of barriers, as on sm_70+).
+struct Barrier {
+    int expected = 0;
+    int arrived = 0;
+    unsigned long long phase = 0;
+};
+
 struct Warp {
-    std::barrier<> bar{32};
+    Barrier bar;
     alignas(16) unsigned char slot[32][64];
 };
 
 struct Block {
-    explicit Block(int threads) : bar(threads), warps((threads + 31) / 32) {
-        for (auto& w : warps) w = std::make_unique<Warp>();
-    }
-    std::barrier<> bar;
-    std::vector<std::unique_ptr<Warp>> warps;
+    Barrier bar;
+    std::vector<Warp> warps;
 };
 
-static thread_local Block* tl_block = nullptr;
-static thread_local Warp* tl_warp = nullptr;
-static thread_local int tl_lane = 0;
+// One emulated thread: its own stack and saved context, and who it is.
+struct Fiber {
+    ucontext_t start;  // where it begins (makecontext: its own stack)
+    std::jmp_buf at;   // where it waits, once started
+    bool started = false;
+    dim3 idx;
+    int lane = 0;
+    Warp* warp = nullptr;
+    bool done = false;
+};
+
+static Block* tl_block = nullptr;
+static Warp* tl_warp = nullptr;
+static int tl_lane = 0;
+static Fiber* tl_fiber = nullptr;
+static std::jmp_buf scheduler;
+// Bumped by every arrival, release and exit: a scheduler round without it is a
+// deadlock (a __syncthreads or warp exchange that some live thread never reaches).
+static unsigned long long progress = 0;
+
+// Switches are _setjmp/_longjmp (no signal-mask system call, unlike swapcontext);
+// ucontext only gives each fiber its stack at the start.
+static void yield() {
+    if (_setjmp(tl_fiber->at) == 0) _longjmp(scheduler, 1);
+}
+
+static void arrive_and_wait(Barrier& b) {
+    ++progress;
+    if (++b.arrived == b.expected) {
+        b.arrived = 0;
+        ++b.phase;
+        return;
+    }
+    const unsigned long long phase = b.phase;
+    while (b.phase == phase) yield();
+}
+
+static void arrive_and_drop(Barrier& b) {
+    ++progress;
+    if (--b.expected > 0 && b.arrived == b.expected) {
+        b.arrived = 0;
+        ++b.phase;
+    }
+}
 
 // Every lane publishes `mine`; returns after all lanes can read every lane's value.
 template <typename T>
 static void publish(const T& mine) {
     static_assert(sizeof(T) <= 64, "slot size");
     std::memcpy(tl_warp->slot[tl_lane], &mine, sizeof(T));
-    tl_warp->bar.arrive_and_wait();
+    arrive_and_wait(tl_warp->bar);
 }
 template <typename T>
 static T read_slot(int lane) {
@@ -100,7 +157,7 @@ static T read_slot(int lane) {
     return v;
 }
 // Ends an exchange: no lane overwrites its slot before all have read.
-static void done() { tl_warp->bar.arrive_and_wait(); }
+static void done() { arrive_and_wait(tl_warp->bar); }
 
 template <typename T>
 static T shfl(T v, int src) {
@@ -110,46 +167,96 @@ static T shfl(T v, int src) {
     return r;
 }
 
-// Runs `body` as a grid of blocks of threads. The threads are created once per launch
-// and reused for every block (blocks still run one after another): creating them per
-// block made thread start-up the emulator's main cost. Each block gets fresh barriers,
-// since a thread that returns early leaves its block's barriers for good.
+// Stacks for the fibers, kept for the life of the process (launches reuse them), each
+// with an inaccessible lowest page so an overflow faults instead of corrupting the
+// stack below it.
+static constexpr size_t kStackBytes = 256 * 1024;
+static unsigned char* stack_of(int i) {
+    static std::vector<unsigned char*> stacks;
+    while ((int)stacks.size() <= i) {
+        void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) throw std::runtime_error("emulator: no memory for a thread stack");
+        mprotect(p, 4096, PROT_NONE);
+        stacks.push_back(static_cast<unsigned char*>(p));
+    }
+    return stacks[i];
+}
+
+static void (*fiber_body)(void*) = nullptr;
+static void* fiber_arg = nullptr;
+
+static void fiber_main() {
+    fiber_body(fiber_arg);
+    arrive_and_drop(tl_warp->bar);
+    arrive_and_drop(tl_block->bar);
+    tl_fiber->done = true;
+    _longjmp(scheduler, 1);  // never returns: the fiber's stack is simply left
+}
+
+// Runs `body` as a grid of blocks of threads. Blocks run one after another; the
+// threads of a block are fibers on this OS thread, switched only where a thread waits
+// at a barrier or a warp exchange, so each runs straight through from one
+// synchronisation point to the next. (One OS thread per emulated thread made the
+// futex traffic of every barrier the emulator's main cost.) Deterministic: it checks
+// indexing, synchronisation structure and arithmetic, not races.
 template <typename F>
 static void launch(dim3 grid, dim3 block, F body) {
     gridDim = grid;
     blockDim = block;
     const int threads = (int)(block.x * block.y * block.z);
     const unsigned long long n_blocks = (unsigned long long)grid.x * grid.y * grid.z;
-    std::unique_ptr<Block> cur;
-    // Between blocks: the next block's barriers exist before any thread starts it, and
-    // every thread is done with a block before its barriers are replaced.
-    std::barrier<> gate(threads);
-    std::vector<std::thread> ts;
-    ts.reserve(threads);
-    for (int t = 0; t < threads; ++t) {
-        ts.emplace_back([&, t] {
-            threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-            tl_lane = t % 32;
-            for (unsigned long long b = 0; b < n_blocks; ++b) {
-                if (t == 0) cur = std::make_unique<Block>(threads);
-                gate.arrive_and_wait();
-                blockIdx = {(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y),
-                            (unsigned)(b / ((unsigned long long)grid.x * grid.y))};
-                tl_block = cur.get();
-                tl_warp = cur->warps[t / 32].get();
-                body();
-                tl_warp->bar.arrive_and_drop();
-                tl_block->bar.arrive_and_drop();
-                gate.arrive_and_wait();
+    fiber_body = [](void* f) { (*static_cast<F*>(f))(); };
+    fiber_arg = &body;
+    std::vector<Fiber> fibers(threads);
+    for (unsigned long long b = 0; b < n_blocks; ++b) {
+        Block blk;
+        blk.bar.expected = threads;
+        blk.warps = std::vector<Warp>((threads + 31) / 32);
+        for (size_t w = 0; w < blk.warps.size(); ++w)
+            blk.warps[w].bar.expected = std::min(32, threads - 32 * (int)w);
+        const dim3 bidx{(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y),
+                        (unsigned)(b / ((unsigned long long)grid.x * grid.y))};
+        for (int t = 0; t < threads; ++t) {
+            Fiber& f = fibers[t];
+            f.idx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            f.lane = t % 32;
+            f.warp = &blk.warps[t / 32];
+            f.done = false;
+            f.started = false;
+            getcontext(&f.start);
+            f.start.uc_stack.ss_sp = stack_of(t);
+            f.start.uc_stack.ss_size = kStackBytes;
+            f.start.uc_link = nullptr;
+            makecontext(&f.start, fiber_main, 0);
+        }
+        tl_block = &blk;
+        blockIdx = bidx;
+        int live = threads;
+        while (live > 0) {
+            const unsigned long long before = progress;
+            for (Fiber& f : fibers) {
+                if (f.done) continue;
+                threadIdx = f.idx;
+                tl_lane = f.lane;
+                tl_warp = f.warp;
+                tl_fiber = &f;
+                if (_setjmp(scheduler) == 0) {
+                    if (f.started) _longjmp(f.at, 1);
+                    f.started = true;
+                    setcontext(&f.start);
+                }
+                if (f.done) --live;
             }
-        });
+            if (live > 0 && progress == before)
+                throw std::runtime_error("emulator: deadlock (a barrier or warp exchange that some thread never reaches)");
+        }
     }
-    for (auto& th : ts) th.join();
+    tl_fiber = nullptr;
 }
 
 }  // namespace emu
 
-static inline void __syncthreads() { emu::tl_block->bar.arrive_and_wait(); }
+static inline void __syncthreads() { emu::arrive_and_wait(emu::tl_block->bar); }
 static inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl(v, emu::tl_lane ^ o); }
 static inline int __shfl_xor_sync(unsigned, int v, int o) { return emu::shfl(v, emu::tl_lane ^ o); }
 static inline float __shfl_sync(unsigned, float v, int src) { return emu::shfl(v, src); }

@@ -39,6 +39,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <thread>
 #include <utility>
 
 #define FAKE_API extern "C" __attribute__((visibility("default")))

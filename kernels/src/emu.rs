@@ -72,7 +72,7 @@ pub struct Emulator {
     exe: PathBuf,
 }
 
-static EMULATOR: OnceLock<Result<Emulator, String>> = OnceLock::new();
+static EMULATOR: OnceLock<Result<Emulator, KeptFailure>> = OnceLock::new();
 static JOBS: AtomicU64 = AtomicU64::new(0);
 
 impl Emulator {
@@ -80,9 +80,9 @@ impl Emulator {
     /// text) on later calls without rebuilding.
     pub fn get() -> Result<&'static Emulator, EmuError> {
         EMULATOR
-            .get_or_init(|| Self::build().map_err(|e| e.to_string()))
+            .get_or_init(|| Self::build().map_err(kept))
             .as_ref()
-            .map_err(|msg| retyped(msg))
+            .map_err(retyped)
     }
 
     fn build() -> Result<Emulator, EmuError> {
@@ -166,7 +166,7 @@ impl Emulator {
     }
 }
 
-static FAKE_DRIVER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+static FAKE_DRIVER: OnceLock<Result<PathBuf, KeptFailure>> = OnceLock::new();
 
 /// Builds (once per process, and once per source hash on disk) the stand-in CUDA
 /// driver, `emu/fake_libcuda.cpp`, and returns the directory holding it as
@@ -180,20 +180,31 @@ pub fn fake_driver_dir() -> Result<PathBuf, EmuError> {
             "libcuda.so",
             &["-fPIC", "-shared", "-fvisibility=hidden"],
         )
-        .map_err(|e| e.to_string())
+        .map_err(kept)
     });
     match built {
         Ok(lib) => Ok(lib.parent().expect("built into a directory").to_path_buf()),
-        Err(msg) => Err(retyped(msg)),
+        Err(failure) => Err(retyped(failure)),
     }
 }
 
-/// A build failure kept as text (for later callers in the process), typed again.
-fn retyped(msg: &str) -> EmuError {
-    if msg.starts_with("no C++ compiler") {
-        EmuError::NoCompiler(msg.to_string())
+/// A build failure as kept for later callers in the process (the error itself is not
+/// `Clone`): whether the compiler was missing, and the detail.
+type KeptFailure = (bool, String);
+
+fn kept(e: EmuError) -> KeptFailure {
+    match e {
+        EmuError::NoCompiler(m) => (true, m),
+        EmuError::Build(m) => (false, m),
+        other => (false, other.to_string()),
+    }
+}
+
+fn retyped((no_compiler, detail): &KeptFailure) -> EmuError {
+    if *no_compiler {
+        EmuError::NoCompiler(detail.clone())
     } else {
-        EmuError::Build(msg.to_string())
+        EmuError::Build(detail.clone())
     }
 }
 
