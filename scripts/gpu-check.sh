@@ -50,7 +50,10 @@
 #                                               largest batch, prefill at the longest
 #       {"kind":"profile_error","error":"..."}  if timing failed (the rest stands)
 #
-# Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity]
+# Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity] [--smoke]
+#   --smoke: a rehearsal of this script on tiny models only (parity on one, the
+#   benchmark on another, at small sizes), for CI, where it runs through the stand-in
+#   CUDA driver (tests/tests/cuda_fake_driver.rs); its figures mean nothing.
 # Env: SPARKD (binary), SPARKD_GPU_CHECK_DIR (work dir, default ./gpu-check-work next to
 # this script; synthetic models are kept there and reused).
 set -euo pipefail
@@ -60,11 +63,13 @@ SPARKD=${SPARKD:-$HERE/sparkd}
 WORK=${SPARKD_GPU_CHECK_DIR:-$HERE/gpu-check-work}
 DO_PARITY=1
 DO_BENCH=1
+SMOKE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --work) WORK=$2; shift 2 ;;
     --skip-bench) DO_BENCH=0; shift ;;
     --skip-parity) DO_PARITY=0; shift ;;
+    --smoke) SMOKE=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -129,21 +134,27 @@ synth() {
 failures=0
 if [ "$DO_PARITY" = 1 ]; then
   models=()
-  for t in Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 F16 BF16; do
-    models+=("$(synth "tiny-llama-$t" --preset tiny --arch llama --weight-type "$t")")
-  done
-  models+=("$(synth tiny-qwen2 --preset tiny --arch qwen2)")
-  models+=("$(synth tiny-qwen3 --preset tiny --arch qwen3)")
-  # K-quants need rows of 256: real 8B shapes, one layer.
-  models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
+  steps=32
+  if [ "$SMOKE" = 1 ]; then
+    models+=("$(synth smoke-llama-1layer --preset tiny --layers 1)")
+    steps=2
+  else
+    for t in Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 F16 BF16; do
+      models+=("$(synth "tiny-llama-$t" --preset tiny --arch llama --weight-type "$t")")
+    done
+    models+=("$(synth tiny-qwen2 --preset tiny --arch qwen2)")
+    models+=("$(synth tiny-qwen3 --preset tiny --arch qwen3)")
+    # K-quants need rows of 256: real 8B shapes, one layer.
+    models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
+  fi
   echo
-  echo "parity: GPU vs CPU logits (max rel err < 1e-2), 32 greedy steps on the f32 paths"
-  echo "and 32 on the tensor-core paths (equal+near ties/steps)"
+  echo "parity: GPU vs CPU logits (max rel err < 1e-2), $steps greedy steps on the f32 paths"
+  echo "and $steps on the tensor-core paths (equal+near ties/steps)"
   printf '  %-24s %12s %8s %10s  %s\n' model "max rel err" f32 "tensor core" result
   for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
     set +e
-    line=$(timeout 900 "$SPARKD" gpu-parity --model "$m" --steps 32 2>> "$LOG" | tail -n1)
+    line=$(timeout 900 "$SPARKD" gpu-parity --model "$m" --steps "$steps" 2>> "$LOG" | tail -n1)
     rc=$?
     set -e
     err=$(field "$line" max_rel_err)
@@ -158,20 +169,27 @@ if [ "$DO_PARITY" = 1 ]; then
       124) verdict="ERROR (timed out)"; failures=$((failures + 1)) ;;
       *) verdict="ERROR (exit $rc, see log)"; failures=$((failures + 1)) ;;
     esac
+    [ -n "$err" ] && err=$(awk -v e="$err" 'BEGIN { printf "%.2e", e }')
     printf '  %-24s %12s %8s %10s  %s\n' "$name" "${err:--}" "$f32" "$tc" "$verdict"
   done
 fi
 
 if [ "$DO_BENCH" = 1 ]; then
-  avail_kb=$(df -Pk "$WORK" | awk 'NR == 2 {print $4}')
-  [ "${avail_kb:-0}" -gt 8000000 ] || [ -s "$WORK/llama3-8b.gguf" ] \
-    || die "need ~8 GB free in $WORK for the Llama-3-8B-shaped model"
-  m=$(synth llama3-8b --preset llama3-8b)
+  if [ "$SMOKE" = 1 ]; then
+    m=$(synth smoke-llama-1layer --preset tiny --layers 1)
+    batches=1,32; prefill=64,128; what="tiny shapes, a rehearsal"
+  else
+    avail_kb=$(df -Pk "$WORK" | awk 'NR == 2 {print $4}')
+    [ "${avail_kb:-0}" -gt 8000000 ] || [ -s "$WORK/llama3-8b.gguf" ] \
+      || die "need ~8 GB free in $WORK for the Llama-3-8B-shaped model"
+    m=$(synth llama3-8b --preset llama3-8b)
+    batches=1,8,32; prefill=512,2048; what="Llama-3-8B shapes, Q4_K/Q6_K mix, random weights"
+  fi
   echo
-  echo "benchmark: $(basename "$m") (Llama-3-8B shapes, Q4_K/Q6_K mix, random weights)"
+  echo "benchmark: $(basename "$m") ($what)"
   set +e
-  timeout 1800 "$SPARKD" bench --device cuda --model "$m" --batches 1,8,32 \
-    --prefill 512,2048 --profile --json > "$WORK/bench.jsonl" 2>> "$LOG"
+  timeout 1800 "$SPARKD" bench --device cuda --model "$m" --batches "$batches" \
+    --prefill "$prefill" --profile --json > "$WORK/bench.jsonl" 2>> "$LOG"
   rc=$?
   set -e
   [ $rc = 0 ] || { echo "  bench failed (exit $rc, see $LOG)"; failures=$((failures + 1)); }

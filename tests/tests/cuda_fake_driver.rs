@@ -268,3 +268,69 @@ fn unusable_gpus_are_clear_errors_under_cuda_and_the_cpu_under_auto() {
         assert!(log.contains(says), "{var}={value}: the log says why: {log}");
     }
 }
+
+/// scripts/gpu-check.sh, the one run a GPU machine gets, rehearsed end to end: its
+/// `--smoke` mode (tiny models) through the stand-in, so that what it parses from
+/// sparkd and what it prints are tested before the first real card runs it.
+#[test]
+fn gpu_check_script_rehearses_through_the_stand_in() {
+    let Some(lib) = fake_driver() else { return };
+    let work = TempDir::new("gpu-check");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--smoke", "--work"])
+        .arg(work.path())
+        .env("SPARKD", bin("sparkd"))
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gpu-check.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let log = std::fs::read_to_string(work.path().join("gpu-check.log")).unwrap_or_default();
+    let all = format!(
+        "{stdout}\n{}\nlog:\n{log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    assert!(!log.contains(FAKE_MARK), "{all}");
+    // The parity row: the error in scientific notation, 2 of 2 steps on both paths.
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("smoke-llama-1layer"))
+        .unwrap_or_else(|| panic!("no parity row: {all}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols.len(), 5, "{row}");
+    assert!(cols[1].contains("e-"), "{row}");
+    assert_eq!(
+        (cols[2], cols[3], cols[4]),
+        ("2+0/2", "2+0/2", "ok"),
+        "{row}"
+    );
+    for expected in [
+        "where the time goes",
+        "decode batch 1 (9 steps)",
+        "decode batch 32 (9 steps)",
+        "prefill 128 (1 steps)",
+        "device   sparkd fake GPU (CPU emulator) (sm_90)",
+        "device copy",
+        "decode batch 1, no graphs",
+        "decode batch 32, mat-vec",
+        "prefill 64",
+        "decode batch 32 / batch 1",
+        "prefill 2048 tokens            not measured",
+        "gpu-check: all checks passed",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} missing: {all}");
+    }
+    // Every measured figure is a number, not an empty field.
+    for line in stdout.lines().filter(|l| l.contains("tok/s")) {
+        let figure = line
+            .split("tok/s")
+            .next()
+            .and_then(|head| head.split_whitespace().last())
+            .unwrap_or("");
+        assert!(figure.parse::<f64>().is_ok_and(|v| v > 0.0), "{line}");
+    }
+}
