@@ -4,8 +4,8 @@
 # prints a short table.
 #
 #   1. parity: GPU against CPU on small synthetic models (every weight format on a tiny
-#      llama, the other architectures, and Llama-3-8B shapes with the Q4_K/Q6_K mix at
-#      one layer): `sparkd gpu-parity` must report a max relative logit error < 1e-2
+#      llama, the other architectures, the Q4_K/Q6_K mix at head size 64, and Llama-3-8B
+#      shapes with that mix at one layer): `sparkd gpu-parity` must report a max relative logit error < 1e-2
 #      and 32 greedy steps equal to the CPU's, on the f32 paths and again on the
 #      tensor-core paths (f16 operands); a different pick passes only as a near tie
 #      (within 1e-2 in the CPU's own logits: the CPU quantizes activations to 8 bits);
@@ -14,7 +14,7 @@
 #      device-to-device copy.
 #
 # What it expects from sparkd (subcommands of the CUDA backend):
-#   sparkd synth --out F [--preset tiny|llama3-8b] [--arch A] [--weight-type T] [--layers N]
+#   sparkd synth --out F [--preset tiny|small|llama3-8b] [--arch A] [--weight-type T] [--layers N]
 #     (exists today) writes a synthetic GGUF.
 #   sparkd gpu-parity --model F --steps 32
 #     prints ONE line of JSON, flat:
@@ -144,6 +144,7 @@ if [ "$DO_PARITY" = 1 ]; then
     done
     models+=("$(synth tiny-qwen2 --preset tiny --arch qwen2)")
     models+=("$(synth tiny-qwen3 --preset tiny --arch qwen3)")
+    models+=("$(synth small-q4_k_m --preset small)")
     # K-quants need rows of 256: real 8B shapes, one layer.
     models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
   fi

@@ -205,6 +205,9 @@ pub struct PullArgs {
 pub enum SynthPreset {
     /// A few layers, 64 wide: for tests.
     Tiny,
+    /// 256 wide, head size 64, Q4_K/Q6_K mix: for tests of the K-quant and
+    /// tensor-core attention paths.
+    Small,
     /// Llama-3-8B shapes, Q4_K/Q6_K mix: for GPU benchmarks.
     Llama3_8b,
 }
@@ -287,6 +290,7 @@ pub fn pull(args: PullArgs) -> anyhow::Result<()> {
 pub fn synth(args: SynthArgs) -> anyhow::Result<()> {
     let mut spec = match args.preset {
         SynthPreset::Tiny => synth::SynthSpec::tiny(),
+        SynthPreset::Small => synth::SynthSpec::small(),
         SynthPreset::Llama3_8b => synth::SynthSpec::llama3_8b(),
     };
     if let Some(a) = &args.arch {

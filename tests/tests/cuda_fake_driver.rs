@@ -92,11 +92,11 @@ fn run(
     (status.code(), read(&out), strip_ansi(&read(&err)))
 }
 
-/// A one-layer tiny model of its own (parity runs every step on the emulator).
-fn one_layer_model(dir: &TempDir) -> PathBuf {
-    let path = dir.path().join("tiny-1layer.gguf");
+/// A one-layer model of `preset` (parity runs every step on the emulator).
+fn one_layer_model(dir: &TempDir, preset: &str) -> PathBuf {
+    let path = dir.path().join(format!("{preset}-1layer.gguf"));
     let status = Command::new(bin("sparkd"))
-        .args(["synth", "--preset", "tiny", "--layers", "1", "--out"])
+        .args(["synth", "--preset", preset, "--layers", "1", "--out"])
         .arg(&path)
         .stdout(Stdio::null())
         .status()
@@ -106,33 +106,62 @@ fn one_layer_model(dir: &TempDir) -> PathBuf {
 }
 
 /// `sparkd gpu-parity`, the first thing scripts/gpu-check.sh runs on a GPU machine:
-/// both of its runs (f32 paths, then tensor cores with graphs) through the driver API.
+/// both of its runs (f32 paths, then tensor cores with graphs) through the driver API,
+/// on the tiny model (Q4_1, head size 16) and the small one (Q4_K/Q6_K, head size 64,
+/// so the tensor-core prefill attention).
 #[test]
 fn gpu_parity_passes_through_the_driver_api() {
     let Some(lib) = fake_driver() else { return };
     let dir = TempDir::new("fake-parity");
-    let model = one_layer_model(&dir);
-    let (code, stdout, stderr) = run(
-        &lib,
+    for preset in ["tiny", "small"] {
+        let model = one_layer_model(&dir, preset);
+        let m = model.to_str().unwrap();
+        let (code, stdout, stderr) = run(
+            &lib,
+            &["gpu-parity", "--model", m, "--steps", "2"],
+            &[],
+            Duration::from_secs(900),
+        );
+        assert_eq!(code, Some(0), "{preset}: {stdout}\n{stderr}");
+        assert!(!stderr.contains(FAKE_MARK), "{preset}: {stderr}");
+        let line = stdout.lines().last().expect("one JSON line");
+        let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        assert_eq!(v["pass"], true, "{preset}: {line}");
+        assert_eq!(v["steps"], 2, "{preset}: {line}");
+        assert_eq!(v["tc_steps"], 2, "{preset}: {line}");
+        let device = v["device"].as_str().unwrap();
+        assert!(device.contains("fake GPU"), "{preset}: {line}");
+        assert!(
+            v["max_rel_err"].as_f64().unwrap() < 1e-2,
+            "{preset}: {line}"
+        );
+    }
+}
+
+/// A GB10-like device (compute capability 12.1): the kernels compiled for sm_121 load
+/// (the stand-in refuses PTX for a newer target than the device) and serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compute_capability_12_1_device_runs_the_sm_121_build() {
+    let Some(lib) = fake_driver() else { return };
+    // Compiled here first, so the daemon's start-up reads the cache instead of running
+    // NVRTC inside Daemon::start's time limit.
+    sparkd_kernels::compile("sm_121").expect("compile for sm_121");
+    let lib = lib.to_str().expect("UTF-8 library path").to_string();
+    let mut d = Daemon::start_with_env(
+        &tiny_model(),
+        &["--device", "cuda"],
         &[
-            "gpu-parity",
-            "--model",
-            model.to_str().unwrap(),
-            "--steps",
-            "2",
+            ("LD_LIBRARY_PATH", lib.as_str()),
+            ("SPARKD_FAKE_CUDA_CC", "12.1"),
         ],
-        &[],
-        Duration::from_secs(900),
     );
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    assert!(!stderr.contains(FAKE_MARK), "{stderr}");
-    let line = stdout.lines().last().expect("one JSON line");
-    let v: serde_json::Value = serde_json::from_str(line).expect("JSON");
-    assert_eq!(v["pass"], true, "{line}");
-    assert_eq!(v["steps"], 2, "{line}");
-    assert_eq!(v["tc_steps"], 2, "{line}");
-    assert!(v["device"].as_str().unwrap().contains("fake GPU"), "{line}");
-    assert!(v["max_rel_err"].as_f64().unwrap() < 1e-2, "{line}");
+    let c = d.client().await;
+    let status = c.status().await.expect("status");
+    assert!(status.device.contains("(sm_121)"), "{}", status.device);
+    let (ids, done) = tokens_and_done(&c, greedy(1, "hello", 3)).await;
+    assert_eq!((ids.len(), done.finish_reason), (3, FinishReason::Length));
+    assert!(d.terminate().success(), "{}", d.log_text());
+    assert!(!d.log_text().contains(FAKE_MARK), "{}", d.log_text());
 }
 
 fn greedy(id: u64, text: &str, max_tokens: u32) -> GenerateRequest {

@@ -47,6 +47,24 @@ impl SynthSpec {
         }
     }
 
+    /// The smallest shapes that reach the K-quant formats (rows of 256) and a head size
+    /// of 64 (the tensor-core prefill attention), with Llama-3's 2:1 grouped-query
+    /// attention and Q4_K_M's mix: for tests of those paths, still quick.
+    pub fn small() -> Self {
+        SynthSpec {
+            d_model: 256,
+            n_heads: 4,
+            n_kv_heads: 2,
+            ffn_dim: 512,
+            vocab_size: 512,
+            weight_type: GgmlType::Q4_K,
+            mixed_k: true,
+            tied_embeddings: false,
+            seed: 11,
+            ..SynthSpec::tiny()
+        }
+    }
+
     /// Llama-3-8B shapes with a Q4_K_M-style mix (for GPU benchmarks).
     pub fn llama3_8b() -> Self {
         SynthSpec {
