@@ -67,16 +67,48 @@ pub fn tiny_model() -> PathBuf {
             let dir = std::env::temp_dir().join(format!("sp-model-{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("model dir");
             let path = dir.join("tiny.gguf");
-            let status = Command::new(bin("sparkd"))
-                .args(["synth", "--preset", "tiny", "--out"])
-                .arg(&path)
-                .stdout(Stdio::null())
-                .status()
-                .expect("run sparkd synth");
-            assert!(status.success(), "sparkd synth failed");
+            synth_model(&path, &["--preset", "tiny"]);
             path
         })
         .clone()
+}
+
+/// Writes a synthetic model to `path` with `sparkd synth <args>`.
+pub fn synth_model(path: &Path, args: &[&str]) {
+    let status = Command::new(bin("sparkd"))
+        .arg("synth")
+        .args(args)
+        .arg("--out")
+        .arg(path)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run sparkd synth");
+    assert!(status.success(), "sparkd synth {args:?} failed");
+}
+
+/// A request for `text` as raw tokens (no chat template), seeded with its id so that
+/// sampled runs repeat.
+pub fn raw_request(
+    id: u64,
+    text: &str,
+    max_tokens: u32,
+) -> spark_client::protocol::GenerateRequest {
+    use spark_client::protocol::{GenerateRequest, PromptInput, SamplingParams};
+    GenerateRequest {
+        id,
+        model: None,
+        input: PromptInput::Raw {
+            text: text.into(),
+            special: false,
+        },
+        sampling: SamplingParams {
+            seed: Some(id),
+            ..Default::default()
+        },
+        max_tokens: Some(max_tokens),
+        stop: vec![],
+        logprobs: None,
+    }
 }
 
 /// The real default model, when it has been fetched.

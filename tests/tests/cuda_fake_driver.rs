@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use spark_client::protocol::*;
 use spark_client::GenerationEvent;
-use sparkd_e2e::{bin, strip_ansi, tiny_model, Daemon, TempDir};
+use sparkd_e2e::{bin, raw_request, strip_ansi, synth_model, tiny_model, Daemon, TempDir};
 
 const FAKE_MARK: &str = "fake libcuda:";
 
@@ -95,13 +95,7 @@ fn run(
 /// A one-layer model of `preset` (parity runs every step on the emulator).
 fn one_layer_model(dir: &TempDir, preset: &str) -> PathBuf {
     let path = dir.path().join(format!("{preset}-1layer.gguf"));
-    let status = Command::new(bin("sparkd"))
-        .args(["synth", "--preset", preset, "--layers", "1", "--out"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sparkd synth");
-    assert!(status.success(), "sparkd synth failed");
+    synth_model(&path, &["--preset", preset, "--layers", "1"]);
     path
 }
 
@@ -166,19 +160,11 @@ async fn a_compute_capability_12_1_device_runs_the_sm_121_build() {
 
 fn greedy(id: u64, text: &str, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
-        id,
-        model: None,
-        input: PromptInput::Raw {
-            text: text.into(),
-            special: false,
-        },
         sampling: SamplingParams {
             temperature: 0.0,
             ..Default::default()
         },
-        max_tokens: Some(max_tokens),
-        stop: vec![],
-        logprobs: None,
+        ..raw_request(id, text, max_tokens)
     }
 }
 

@@ -7,25 +7,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use spark_client::protocol::*;
 use spark_client::{ClientError, GenerationEvent};
-use sparkd_e2e::{tiny_model, Daemon};
-
-fn raw_request(id: u64, text: &str, max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        id,
-        model: None,
-        input: PromptInput::Raw {
-            text: text.into(),
-            special: false,
-        },
-        sampling: SamplingParams {
-            seed: Some(id),
-            ..Default::default()
-        },
-        max_tokens: Some(max_tokens),
-        stop: vec![],
-        logprobs: None,
-    }
-}
+use sparkd_e2e::{raw_request, tiny_model, Daemon};
 
 struct Observed {
     tokens: usize,

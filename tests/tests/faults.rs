@@ -10,27 +10,9 @@ use futures::StreamExt;
 use spark_client::protocol::*;
 use spark_client::{ClientError, GenerationEvent};
 use sparkd_e2e::load::conn::Conn;
-use sparkd_e2e::{run_sparkd_to_exit, strip_ansi, tiny_model, Daemon, TempDir};
+use sparkd_e2e::{raw_request, run_sparkd_to_exit, strip_ansi, tiny_model, Daemon, TempDir};
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn request(id: u64, text: &str, max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        id,
-        model: None,
-        input: PromptInput::Raw {
-            text: text.into(),
-            special: false,
-        },
-        sampling: SamplingParams {
-            seed: Some(id),
-            ..Default::default()
-        },
-        max_tokens: Some(max_tokens),
-        stop: vec![],
-        logprobs: None,
-    }
-}
 
 /// Waits until nothing runs and every KV block is free (the engine publishes its load
 /// once per loop, just after the last `Done` of a step went out).
@@ -91,7 +73,7 @@ async fn a_failed_engine_step_ends_each_of_its_sequences_with_error_then_done() 
     let d = Daemon::start_with_env(&tiny_model(), &[], &[("SPARKD_FAULT_FAIL_STEP", "3")]);
     let mut conn = Conn::connect(&d.socket, PATIENCE).await.expect("connect");
     // A one-token request takes the first step and ends before the failure...
-    conn.send(ClientMessage::Generate(request(1, "first", 1)))
+    conn.send(ClientMessage::Generate(raw_request(1, "first", 1)))
         .await
         .unwrap();
     let first = read_until_done(&mut conn, &[1]).await;
@@ -101,7 +83,7 @@ async fn a_failed_engine_step_ends_each_of_its_sequences_with_error_then_done() 
     );
     // ...then three more share the batch when step 3 fails.
     for id in 2..=4 {
-        conn.send(ClientMessage::Generate(request(
+        conn.send(ClientMessage::Generate(raw_request(
             id,
             "in the failing step",
             40,
@@ -149,7 +131,7 @@ async fn a_failed_engine_step_ends_each_of_its_sequences_with_error_then_done() 
     );
 
     // And it goes on serving.
-    conn.send(ClientMessage::Generate(request(5, "still there?", 7)))
+    conn.send(ClientMessage::Generate(raw_request(5, "still there?", 7)))
         .await
         .unwrap();
     let after = read_until_done(&mut conn, &[5]).await;
@@ -180,7 +162,7 @@ async fn others_stream(d: &Daemon, first_id: u64) -> f64 {
             for r in 0..5u64 {
                 let id = first_id + c * 10 + r;
                 let (text, done) = client
-                    .generate(request(id, "keep going", 50))
+                    .generate(raw_request(id, "keep going", 50))
                     .await
                     .unwrap()
                     .collect_text()
@@ -205,7 +187,7 @@ async fn a_client_that_stops_reading_is_cut_off_while_others_keep_streaming() {
     let alone = others_stream(&d, 1000).await;
     // For comparison: the same twelve heavy generations as the sleeper's below, read.
     let heavy = |id: u64| {
-        let mut req = request(id, "stall", 480);
+        let mut req = raw_request(id, "stall", 480);
         req.logprobs = Some(20);
         req
     };
@@ -310,7 +292,7 @@ async fn a_daemon_killed_mid_stream_gives_disconnected_and_a_restart_serves_agai
     let mut d = Daemon::start(&tiny_model(), &[]);
     let client = d.client().await;
     let mut generation = client
-        .generate(request(1, "a long answer", 480))
+        .generate(raw_request(1, "a long answer", 480))
         .await
         .unwrap();
     assert!(matches!(
@@ -350,7 +332,7 @@ async fn a_daemon_killed_mid_stream_gives_disconnected_and_a_restart_serves_agai
     d.restart();
     let client = d.client().await;
     let (_, done) = client
-        .generate(request(2, "back again", 5))
+        .generate(raw_request(2, "back again", 5))
         .await
         .unwrap()
         .collect_text()
@@ -451,7 +433,7 @@ fn durations_out_of_range_are_refused_at_start_without_a_panic() {
 /// Greedy tokens for a fixed prompt, through a fresh connection.
 async fn greedy_tokens(d: &Daemon) -> Vec<u32> {
     let client = spark_client::Client::connect(&d.socket).await.unwrap();
-    let mut r = request(client.next_request_id(), "the model file", 12);
+    let mut r = raw_request(client.next_request_id(), "the model file", 12);
     r.sampling = SamplingParams::default();
     let mut generation = client.generate(r).await.unwrap();
     let mut tokens = Vec::new();
