@@ -269,19 +269,23 @@ fn unusable_gpus_are_clear_errors_under_cuda_and_the_cpu_under_auto() {
         assert!(!socket.exists(), "refused before binding the socket");
     }
 
-    // Under auto the same GPUs are passed over: the daemon comes up on the CPU.
-    for (var, value, says) in [cases[0], cases[2]] {
-        let d = Daemon::start_with_env(
-            &model,
-            &["--device", "auto"],
-            &[("LD_LIBRARY_PATH", lib.to_str().unwrap()), (var, value)],
-        );
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
+    // Under auto the same GPUs are passed over: the daemon comes up on the CPU and the
+    // log says why; a usable one is taken.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let backend_under_auto = |env: &[(&str, &str)]| {
+        let mut env = env.to_vec();
+        env.push(("LD_LIBRARY_PATH", lib.to_str().unwrap()));
+        let d = Daemon::start_with_env(&model, &["--device", "auto"], &env);
         let status = rt.block_on(async { d.client().await.status().await.expect("status") });
-        assert_eq!(status.backend, "cpu", "{var}={value}");
-        let log = strip_ansi(&d.log_text());
+        (status.backend, strip_ansi(&d.log_text()))
+    };
+    for (var, value, says) in cases {
+        let (backend, log) = backend_under_auto(&[(var, value)]);
+        assert_eq!(backend, "cpu", "{var}={value}");
         assert!(log.contains(says), "{var}={value}: the log says why: {log}");
     }
+    let (backend, log) = backend_under_auto(&[]);
+    assert_eq!(backend, "cuda", "{log}");
 }
 
 /// scripts/gpu-check.sh, the one run a GPU machine gets, rehearsed end to end: its
