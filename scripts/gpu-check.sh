@@ -5,10 +5,11 @@
 #
 #   1. parity: GPU against CPU on small synthetic models (every weight format on a tiny
 #      llama, the other architectures, the Q4_K/Q6_K mix at head size 64, and Llama-3-8B
-#      shapes with that mix at one layer): `sparkd gpu-parity` must report a max relative logit error < 1e-2
-#      and 32 greedy steps equal to the CPU's, on the f32 paths and again on the
-#      tensor-core paths (f16 operands); a different pick passes only as a near tie
-#      (within 1e-2 in the CPU's own logits: the CPU quantizes activations to 8 bits);
+#      shapes with that mix at one layer): `sparkd gpu-parity` must report a max
+#      relative logit error < 1e-2 and 32 greedy steps equal to the CPU's, on the f32
+#      paths and again on the tensor-core paths (f16 operands); a different pick passes
+#      only as a near tie (within 1e-2 in the CPU's own logits: the CPU quantizes
+#      activations to 8 bits);
 #   2. benchmark on Llama-3-8B shapes (random weights): decode tok/s at batch 1, 8, 32,
 #      prefill tok/s at 512 and 2048 tokens, and decode GB/s against a measured
 #      device-to-device copy.
@@ -51,8 +52,8 @@
 #       {"kind":"profile_error","error":"..."}  if timing failed (the rest stands)
 #
 # Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity] [--smoke]
-#   --smoke: a rehearsal of this script on tiny models only (parity on one, the
-#   benchmark on another, at small sizes), for CI, where it runs through the stand-in
+#   --smoke: a rehearsal of this script on one tiny one-layer model (parity for 2 steps,
+#   the benchmark at small sizes), for CI, where it runs through the stand-in
 #   CUDA driver (tests/tests/cuda_fake_driver.rs); its figures mean nothing.
 # Env: SPARKD (binary), SPARKD_GPU_CHECK_DIR (work dir, default ./gpu-check-work next to
 # this script; synthetic models are kept there and reused).

@@ -6,8 +6,9 @@
 // __syncthreads is a barrier over the block, warp shuffles exchange values through
 // per-warp slots between two barrier phases, and threads that return early drop out of
 // both barriers, as exited threads do on sm_70+. `__shared__` becomes `static`: one copy
-// per kernel, which is right while one block runs at a time. cp.async is a synchronous copy, ldmatrix and mma.sync gather their
-// operands from the 32 lanes and follow the fragment layouts of the PTX ISA.
+// per kernel, which is right while one block runs at a time. cp.async is a synchronous
+// copy, ldmatrix and mma.sync gather their operands from the 32 lanes and follow the
+// fragment layouts of the PTX ISA.
 //
 // This checks indexing, synchronisation structure and arithmetic; it cannot find races
 // that depend on real warp scheduling or asynchronous copies, nor measure performance.
@@ -109,10 +110,10 @@ struct Fiber {
     bool done = false;
 };
 
-static Block* tl_block = nullptr;
-static Warp* tl_warp = nullptr;
-static int tl_lane = 0;
-static Fiber* tl_fiber = nullptr;
+static Block* cur_block = nullptr;
+static Warp* cur_warp = nullptr;
+static int cur_lane = 0;
+static Fiber* cur_fiber = nullptr;
 static std::jmp_buf scheduler;
 // Bumped by every arrival, release and exit: a scheduler round without it is a
 // deadlock (a __syncthreads or warp exchange that some live thread never reaches).
@@ -121,7 +122,7 @@ static unsigned long long progress = 0;
 // Switches are _setjmp/_longjmp (no signal-mask system call, unlike swapcontext);
 // ucontext only gives each fiber its stack at the start.
 static void yield() {
-    if (_setjmp(tl_fiber->at) == 0) _longjmp(scheduler, 1);
+    if (_setjmp(cur_fiber->at) == 0) _longjmp(scheduler, 1);
 }
 
 static void arrive_and_wait(Barrier& b) {
@@ -147,17 +148,17 @@ static void arrive_and_drop(Barrier& b) {
 template <typename T>
 static void publish(const T& mine) {
     static_assert(sizeof(T) <= 64, "slot size");
-    std::memcpy(tl_warp->slot[tl_lane], &mine, sizeof(T));
-    arrive_and_wait(tl_warp->bar);
+    std::memcpy(cur_warp->slot[cur_lane], &mine, sizeof(T));
+    arrive_and_wait(cur_warp->bar);
 }
 template <typename T>
 static T read_slot(int lane) {
     T v;
-    std::memcpy(&v, tl_warp->slot[lane], sizeof(T));
+    std::memcpy(&v, cur_warp->slot[lane], sizeof(T));
     return v;
 }
 // Ends an exchange: no lane overwrites its slot before all have read.
-static void done() { arrive_and_wait(tl_warp->bar); }
+static void done() { arrive_and_wait(cur_warp->bar); }
 
 template <typename T>
 static T shfl(T v, int src) {
@@ -187,9 +188,9 @@ static void* fiber_arg = nullptr;
 
 static void fiber_main() {
     fiber_body(fiber_arg);
-    arrive_and_drop(tl_warp->bar);
-    arrive_and_drop(tl_block->bar);
-    tl_fiber->done = true;
+    arrive_and_drop(cur_warp->bar);
+    arrive_and_drop(cur_block->bar);
+    cur_fiber->done = true;
     _longjmp(scheduler, 1);  // never returns: the fiber's stack is simply left
 }
 
@@ -229,7 +230,7 @@ static void launch(dim3 grid, dim3 block, F body) {
             f.start.uc_link = nullptr;
             makecontext(&f.start, fiber_main, 0);
         }
-        tl_block = &blk;
+        cur_block = &blk;
         blockIdx = bidx;
         int live = threads;
         while (live > 0) {
@@ -237,9 +238,9 @@ static void launch(dim3 grid, dim3 block, F body) {
             for (Fiber& f : fibers) {
                 if (f.done) continue;
                 threadIdx = f.idx;
-                tl_lane = f.lane;
-                tl_warp = f.warp;
-                tl_fiber = &f;
+                cur_lane = f.lane;
+                cur_warp = f.warp;
+                cur_fiber = &f;
                 if (_setjmp(scheduler) == 0) {
                     if (f.started) _longjmp(f.at, 1);
                     f.started = true;
@@ -251,14 +252,14 @@ static void launch(dim3 grid, dim3 block, F body) {
                 throw std::runtime_error("emulator: deadlock (a barrier or warp exchange that some thread never reaches)");
         }
     }
-    tl_fiber = nullptr;
+    cur_fiber = nullptr;
 }
 
 }  // namespace emu
 
-static inline void __syncthreads() { emu::arrive_and_wait(emu::tl_block->bar); }
-static inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl(v, emu::tl_lane ^ o); }
-static inline int __shfl_xor_sync(unsigned, int v, int o) { return emu::shfl(v, emu::tl_lane ^ o); }
+static inline void __syncthreads() { emu::arrive_and_wait(emu::cur_block->bar); }
+static inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl(v, emu::cur_lane ^ o); }
+static inline int __shfl_xor_sync(unsigned, int v, int o) { return emu::shfl(v, emu::cur_lane ^ o); }
 static inline float __shfl_sync(unsigned, float v, int src) { return emu::shfl(v, src); }
 
 // The kernels' typedefs come from common.cuh, included after this header.
@@ -275,8 +276,8 @@ static inline void cp_async_wait() {}
 static inline void ldmatrix_x4(unsigned (&r)[4], const void* p) {
     emu::publish(p);
     for (int i = 0; i < 4; ++i) {
-        const unsigned char* row = (const unsigned char*)emu::read_slot<const void*>(8 * i + emu::tl_lane / 4);
-        std::memcpy(&r[i], row + 4 * (emu::tl_lane % 4), 4);
+        const unsigned char* row = (const unsigned char*)emu::read_slot<const void*>(8 * i + emu::cur_lane / 4);
+        std::memcpy(&r[i], row + 4 * (emu::cur_lane % 4), 4);
     }
     emu::done();
 }
@@ -285,7 +286,7 @@ static inline void ldmatrix_x4(unsigned (&r)[4], const void* p) {
 // l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1 of each matrix (the lower row in the low half).
 static inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
     emu::publish(p);
-    const int col = emu::tl_lane / 4, row = 2 * (emu::tl_lane % 4);
+    const int col = emu::cur_lane / 4, row = 2 * (emu::cur_lane % 4);
     for (int i = 0; i < 4; ++i) {
         unsigned short lo, hi;
         std::memcpy(&lo, (const unsigned char*)emu::read_slot<const void*>(8 * i + row) + 2 * col, 2);
@@ -324,7 +325,7 @@ static inline void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
         const unsigned w = emu::read_slot<emu::MmaIn>(lane).b[reg];
         return emu::half_bits_to_f32((unsigned short)(k % 2 ? w >> 16 : w & 0xFFFF), BF16);
     };
-    const int g = emu::tl_lane / 4, t = emu::tl_lane % 4;
+    const int g = emu::cur_lane / 4, t = emu::cur_lane % 4;
     float out[4];
     for (int e = 0; e < 4; ++e) {
         const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);

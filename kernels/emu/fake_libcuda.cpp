@@ -257,9 +257,10 @@ Stream* capturing_here() {
     return nullptr;
 }
 
-// A call the capture rules forbid on the capturing thread: refused, capture ruined.
-bool refused_in_capture(const char* call) {
-    Stream* s = capturing_here();
+// A call the capture rules forbid on the capturing thread, or (`on`) on a capturing
+// stream from any thread: refused, and that capture ruined.
+bool refused_in_capture(const char* call, Stream* on = nullptr) {
+    Stream* s = on != nullptr && on->capturing ? on : capturing_here();
     if (s == nullptr) return false;
     complain("%s during a stream capture on this thread (the capture is now invalid)", call);
     s->invalidated = true;
@@ -529,11 +530,8 @@ FAKE_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t 
     NEED_CTX();
     NEED_STREAM(s, st);
     NEED_RANGE(dst, n, "destination");
-    if (st->capturing || refused_in_capture("cuMemcpyHtoDAsync")) {
-        st->invalidated = true;
-        complain("a copy from pageable host memory in a stream capture");
+    if (refused_in_capture("cuMemcpyHtoDAsync from pageable host memory", st))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
     // Pageable memory is staged before the call returns; the copy itself is queued.
     std::vector<unsigned char> staged((const unsigned char*)src, (const unsigned char*)src + n);
     enqueue(st, [dst, staged = std::move(staged)] { std::memcpy(reinterpret_cast<void*>(dst), staged.data(), staged.size()); });
@@ -544,11 +542,8 @@ FAKE_API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, voi
     NEED_CTX();
     NEED_STREAM(s, st);
     NEED_RANGE(src, n, "source");
-    if (st->capturing || refused_in_capture("cuMemcpyDtoHAsync")) {
-        st->invalidated = true;
-        complain("a copy to pageable host memory in a stream capture");
+    if (refused_in_capture("cuMemcpyDtoHAsync to pageable host memory", st))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
     // To pageable memory the call returns once the copy is done, after the work queued
     // before it.
     run_queue(st);
@@ -681,7 +676,7 @@ FAKE_API CUresult cuEventDestroy_v2(void* ev) {
     auto* e = static_cast<Event*>(ev);
     if (!drv().events.erase(e)) return CUDA_ERROR_INVALID_HANDLE;
     // A queued record of it still runs; it writes into a dead event no more.
-    for (auto* s : drv().streams) run_queue(s);
+    run_all();
     delete e;
     return CUDA_SUCCESS;
 }
