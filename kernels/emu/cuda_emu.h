@@ -10,8 +10,21 @@
 // copy, ldmatrix and mma.sync gather their operands from the 32 lanes and follow the
 // fragment layouts of the PTX ISA.
 //
-// This checks indexing, synchronisation structure and arithmetic; it cannot find races
-// that depend on real warp scheduling or asynchronous copies, nor measure performance.
+// cp.async copies are deferred to the cp.async.wait_group that covers them, so a tile
+// read before its wait holds stale data and fails the test, as it can on a GPU.
+//
+// Built with -fsanitize=thread (src/emu.rs does, for SPARKD_EMU_RACECHECK=1), it is also
+// a shared-memory race checker: every emulated thread is a ThreadSanitizer fiber, fiber
+// switches carry no ordering, and only what orders memory on the GPU does: a
+// __syncthreads (per phase), and the end of a block before the next one starts. Two
+// threads of a block touching the same bytes, one of them writing, with no barrier
+// between, is reported, with both stacks; warp shuffles and mma exchange values, never
+// order memory, so warp-synchronous shared-memory code without a barrier is a race too,
+// as it is on sm_70+. Blocks run one after another, so races between blocks (in global
+// memory) are out of its reach.
+//
+// Otherwise this checks indexing, synchronisation structure and arithmetic, and cannot
+// measure performance.
 #pragma once
 // Fibers switch with _setjmp/_longjmp between stacks, which glibc's fortified longjmp
 // would take for stack corruption. This header comes first in every translation unit
@@ -30,6 +43,20 @@
 #include <csetjmp>
 #include <sys/mman.h>
 #include <ucontext.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define SPARKD_EMU_RACECHECK 1
+#include <sanitizer/tsan_interface.h>
+// The emulator's own bookkeeping (barrier counters, exchange slots, the scheduler's
+// globals) is shared by every fiber without ordering by design; its functions are not
+// instrumented, and not inlined into the kernels, which are.
+#define EMU_UNCHECKED __attribute__((no_sanitize_thread, noinline))
+// In the runtime, not in every compiler's copy of tsan_interface.h.
+extern "C" void __tsan_read_range(void* addr, unsigned long size);
+extern "C" void __tsan_write_range(void* addr, unsigned long size);
+#else
+#define EMU_UNCHECKED
+#endif
 
 #define __global__
 #define __device__
@@ -82,11 +109,16 @@ static dim3 blockDim, gridDim;
 namespace emu {
 
 // A barrier among cooperating fibers. `expected` shrinks as threads exit (exited
-// threads drop out of barriers, as on sm_70+).
+// threads drop out of barriers, as on sm_70+). `orders_memory`: __syncthreads does, a
+// warp's value exchange does not; under the race checker each phase of an ordering
+// barrier has a sync object that arrivals release to and departures acquire from
+// (two alternate: nobody releases to phase p + 2 before everyone has left phase p).
 struct Barrier {
     int expected = 0;
     int arrived = 0;
     unsigned long long phase = 0;
+    bool orders_memory = false;
+    char sync[2] = {};
 };
 
 struct Warp {
@@ -99,45 +131,103 @@ struct Block {
     std::vector<Warp> warps;
 };
 
+// A cp.async in flight: done when a cp.async.wait_group covers its group.
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    unsigned src_bytes;
+};
+
 // One emulated thread: its own stack and saved context, and who it is.
 struct Fiber {
     ucontext_t start;  // where it begins (makecontext: its own stack)
-    std::jmp_buf at;   // where it waits, once started
+#if SPARKD_EMU_RACECHECK
+    ucontext_t at;        // where it waits, once started (swapcontext: TSan follows it)
+    void* tsan = nullptr;  // its ThreadSanitizer fiber, one per stack, kept
+#else
+    std::jmp_buf at;  // where it waits, once started
+#endif
     bool started = false;
     dim3 idx;
     int lane = 0;
     Warp* warp = nullptr;
     bool done = false;
+    std::vector<AsyncCopy> copies;   // issued, not yet complete, oldest first
+    std::vector<size_t> group_ends;  // committed groups: their ends in `copies`
 };
 
 static Block* cur_block = nullptr;
 static Warp* cur_warp = nullptr;
 static int cur_lane = 0;
 static Fiber* cur_fiber = nullptr;
-static std::jmp_buf scheduler;
 // Bumped by every arrival, release and exit: a scheduler round without it is a
 // deadlock (a __syncthreads or warp exchange that some live thread never reaches).
 static unsigned long long progress = 0;
 
+#if SPARKD_EMU_RACECHECK
+// Under the race checker switches are swapcontext, which ThreadSanitizer's fibers
+// follow (it tracks _setjmp/_longjmp per thread and would reject a jump between fibers),
+// each preceded by a switch of TSan's fiber that implies no ordering.
+static ucontext_t scheduler;
+static void* scheduler_tsan = nullptr;
+EMU_UNCHECKED static void resume(Fiber& f) {
+    const bool first = !f.started;
+    f.started = true;
+    __tsan_switch_to_fiber(f.tsan, __tsan_switch_to_fiber_no_sync);
+    swapcontext(&scheduler, first ? &f.start : &f.at);
+}
+EMU_UNCHECKED static void yield() {
+    __tsan_switch_to_fiber(scheduler_tsan, __tsan_switch_to_fiber_no_sync);
+    swapcontext(&cur_fiber->at, &scheduler);
+}
+[[noreturn]] EMU_UNCHECKED static void leave() {
+    __tsan_switch_to_fiber(scheduler_tsan, __tsan_switch_to_fiber_no_sync);
+    setcontext(&scheduler);
+    __builtin_unreachable();
+}
+static void release(void* sync) { __tsan_release(sync); }
+static void acquire(void* sync) { __tsan_acquire(sync); }
+// Accesses made by uninstrumented code on a kernel's behalf.
+static void reads(const void* p, size_t n) { __tsan_read_range((void*)p, n); }
+static void writes(void* p, size_t n) { __tsan_write_range(p, n); }
+#else
 // Switches are _setjmp/_longjmp (no signal-mask system call, unlike swapcontext);
 // ucontext only gives each fiber its stack at the start.
+static std::jmp_buf scheduler;
+static void resume(Fiber& f) {
+    if (_setjmp(scheduler) != 0) return;
+    if (f.started) _longjmp(f.at, 1);
+    f.started = true;
+    setcontext(&f.start);
+}
 static void yield() {
     if (_setjmp(cur_fiber->at) == 0) _longjmp(scheduler, 1);
 }
+[[noreturn]] static void leave() { _longjmp(scheduler, 1); }
+static void release(void*) {}
+static void acquire(void*) {}
+static void reads(const void*, size_t) {}
+static void writes(void*, size_t) {}
+#endif
 
-static void arrive_and_wait(Barrier& b) {
+EMU_UNCHECKED static void arrive_and_wait(Barrier& b) {
     ++progress;
+    const unsigned long long phase = b.phase;
+    if (b.orders_memory) release(&b.sync[phase & 1]);
     if (++b.arrived == b.expected) {
         b.arrived = 0;
         ++b.phase;
-        return;
+    } else {
+        while (b.phase == phase) yield();
     }
-    const unsigned long long phase = b.phase;
-    while (b.phase == phase) yield();
+    if (b.orders_memory) acquire(&b.sync[phase & 1]);
 }
 
-static void arrive_and_drop(Barrier& b) {
+// An exiting thread leaves the barrier; what it wrote is ordered before the phase it
+// leaves, as if it had arrived.
+EMU_UNCHECKED static void arrive_and_drop(Barrier& b) {
     ++progress;
+    if (b.orders_memory) release(&b.sync[b.phase & 1]);
     if (--b.expected > 0 && b.arrived == b.expected) {
         b.arrived = 0;
         ++b.phase;
@@ -145,20 +235,47 @@ static void arrive_and_drop(Barrier& b) {
 }
 
 // Every lane publishes `mine`; returns after all lanes can read every lane's value.
+// (__builtin_memcpy of a constant size compiles to moves: the race checker's
+// interception of the library memcpy would see the slots.)
 template <typename T>
-static void publish(const T& mine) {
+EMU_UNCHECKED static void publish(const T& mine) {
     static_assert(sizeof(T) <= 64, "slot size");
-    std::memcpy(cur_warp->slot[cur_lane], &mine, sizeof(T));
+    __builtin_memcpy(cur_warp->slot[cur_lane], &mine, sizeof(T));
     arrive_and_wait(cur_warp->bar);
 }
 template <typename T>
-static T read_slot(int lane) {
+EMU_UNCHECKED static T read_slot(int lane) {
     T v;
-    std::memcpy(&v, cur_warp->slot[lane], sizeof(T));
+    __builtin_memcpy(&v, cur_warp->slot[lane], sizeof(T));
     return v;
 }
 // Ends an exchange: no lane overwrites its slot before all have read.
-static void done() { arrive_and_wait(cur_warp->bar); }
+EMU_UNCHECKED static void done() { arrive_and_wait(cur_warp->bar); }
+
+// cp.async: the copy lands when a wait covers it, not when it is issued; the issuing
+// thread makes both accesses then.
+EMU_UNCHECKED static void complete(const AsyncCopy& c) {
+    const unsigned n = c.src_bytes < 16 ? c.src_bytes : 16;
+    unsigned char bytes[16] = {};
+    reads(c.src, n);
+    for (unsigned i = 0; i < n; ++i) bytes[i] = static_cast<const unsigned char*>(c.src)[i];
+    writes(c.dst, 16);
+    __builtin_memcpy(c.dst, bytes, 16);
+}
+EMU_UNCHECKED static void issue_copy(void* dst, const void* src, unsigned src_bytes) {
+    cur_fiber->copies.push_back({dst, src, src_bytes});
+}
+EMU_UNCHECKED static void commit_copies() { cur_fiber->group_ends.push_back(cur_fiber->copies.size()); }
+// Completes every committed group but the newest `pending` ones, in order.
+EMU_UNCHECKED static void wait_copies(size_t pending) {
+    Fiber& f = *cur_fiber;
+    if (f.group_ends.size() <= pending) return;
+    const size_t groups = f.group_ends.size() - pending, end = f.group_ends[groups - 1];
+    for (size_t i = 0; i < end; ++i) complete(f.copies[i]);
+    f.copies.erase(f.copies.begin(), f.copies.begin() + (std::ptrdiff_t)end);
+    f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + (std::ptrdiff_t)groups);
+    for (size_t& e : f.group_ends) e -= end;
+}
 
 template <typename T>
 static T shfl(T v, int src) {
@@ -172,13 +289,24 @@ static T shfl(T v, int src) {
 // with an inaccessible lowest page so an overflow faults instead of corrupting the
 // stack below it.
 static constexpr size_t kStackBytes = 256 * 1024;
-static unsigned char* stack_of(int i) {
-    static std::vector<unsigned char*> stacks;
+// Under the race checker each stack also has its ThreadSanitizer fiber, so one stack's
+// frames are always one TSan thread's.
+struct Stack {
+    unsigned char* base;
+    void* tsan;
+};
+static Stack stack_of(int i) {
+    static std::vector<Stack> stacks;
     while ((int)stacks.size() <= i) {
         void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) throw std::runtime_error("emulator: no memory for a thread stack");
         mprotect(p, 4096, PROT_NONE);
-        stacks.push_back(static_cast<unsigned char*>(p));
+#if SPARKD_EMU_RACECHECK
+        void* tsan = __tsan_create_fiber(0);
+#else
+        void* tsan = nullptr;
+#endif
+        stacks.push_back({static_cast<unsigned char*>(p), tsan});
     }
     return stacks[i];
 }
@@ -186,22 +314,40 @@ static unsigned char* stack_of(int i) {
 static void (*fiber_body)(void*) = nullptr;
 static void* fiber_arg = nullptr;
 
-static void fiber_main() {
+// Orders each block after the ones before it (the static `__shared__` arrays and the
+// stacks are reused; on a GPU each block has its own) and a launch after the host's
+// set-up: block b acquires from block_order[(b + 1) % 2], where the launch and block
+// b - 1 released, and releases to block_order[b % 2], which its own threads never
+// acquire from, so its threads stay unordered among themselves.
+static char block_order[2];
+static unsigned long long cur_block_number = 0;
+
+EMU_UNCHECKED static void fiber_main() {
+    const unsigned long long b = cur_block_number;
+    acquire(&block_order[(b + 1) & 1]);
     fiber_body(fiber_arg);
+    // Copies never waited for are dropped: nothing may read them.
+    cur_fiber->copies.clear();
+    cur_fiber->group_ends.clear();
+    release(&block_order[b & 1]);
     arrive_and_drop(cur_warp->bar);
     arrive_and_drop(cur_block->bar);
     cur_fiber->done = true;
-    _longjmp(scheduler, 1);  // never returns: the fiber's stack is simply left
+    leave();  // never returns: the fiber's stack is simply left
 }
 
 // Runs `body` as a grid of blocks of threads. Blocks run one after another; the
 // threads of a block are fibers on this OS thread, switched only where a thread waits
 // at a barrier or a warp exchange, so each runs straight through from one
 // synchronisation point to the next. (One OS thread per emulated thread made the
-// futex traffic of every barrier the emulator's main cost.) Deterministic: it checks
-// indexing, synchronisation structure and arithmetic, not races.
+// futex traffic of every barrier the emulator's main cost.) Deterministic; races show
+// only under the race checker (see the top of this file).
 template <typename F>
-static void launch(dim3 grid, dim3 block, F body) {
+EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
+#if SPARKD_EMU_RACECHECK
+    scheduler_tsan = __tsan_get_current_fiber();
+#endif
+    release(&block_order[1]);  // "block -1": the host's writes before the launch
     gridDim = grid;
     blockDim = block;
     const int threads = (int)(block.x * block.y * block.z);
@@ -212,6 +358,7 @@ static void launch(dim3 grid, dim3 block, F body) {
     for (unsigned long long b = 0; b < n_blocks; ++b) {
         Block blk;
         blk.bar.expected = threads;
+        blk.bar.orders_memory = true;
         blk.warps = std::vector<Warp>((threads + 31) / 32);
         for (size_t w = 0; w < blk.warps.size(); ++w)
             blk.warps[w].bar.expected = std::min(32, threads - 32 * (int)w);
@@ -224,13 +371,18 @@ static void launch(dim3 grid, dim3 block, F body) {
             f.warp = &blk.warps[t / 32];
             f.done = false;
             f.started = false;
+            const Stack stack = stack_of(t);
+#if SPARKD_EMU_RACECHECK
+            f.tsan = stack.tsan;
+#endif
             getcontext(&f.start);
-            f.start.uc_stack.ss_sp = stack_of(t);
+            f.start.uc_stack.ss_sp = stack.base;
             f.start.uc_stack.ss_size = kStackBytes;
             f.start.uc_link = nullptr;
             makecontext(&f.start, fiber_main, 0);
         }
         cur_block = &blk;
+        cur_block_number = b;
         blockIdx = bidx;
         int live = threads;
         while (live > 0) {
@@ -241,11 +393,7 @@ static void launch(dim3 grid, dim3 block, F body) {
                 cur_lane = f.lane;
                 cur_warp = f.warp;
                 cur_fiber = &f;
-                if (_setjmp(scheduler) == 0) {
-                    if (f.started) _longjmp(f.at, 1);
-                    f.started = true;
-                    setcontext(&f.start);
-                }
+                resume(f);
                 if (f.done) --live;
             }
             if (live > 0 && progress == before)
@@ -253,6 +401,8 @@ static void launch(dim3 grid, dim3 block, F body) {
         }
     }
     cur_fiber = nullptr;
+    acquire(&block_order[0]);
+    acquire(&block_order[1]);
 }
 
 }  // namespace emu
@@ -263,13 +413,12 @@ static inline int __shfl_xor_sync(unsigned, int v, int o) { return emu::shfl(v, 
 static inline float __shfl_sync(unsigned, float v, int src) { return emu::shfl(v, src); }
 
 // The kernels' typedefs come from common.cuh, included after this header.
-static inline void cp_async16(void* dst, const void* src, unsigned src_bytes) {
-    std::memset(dst, 0, 16);
-    if (src_bytes) std::memcpy(dst, src, src_bytes < 16 ? src_bytes : 16);
-}
-static inline void cp_async_commit() {}
+static inline void cp_async16(void* dst, const void* src, unsigned src_bytes) { emu::issue_copy(dst, src, src_bytes); }
+static inline void cp_async_commit() { emu::commit_copies(); }
 template <int N>
-static inline void cp_async_wait() {}
+static inline void cp_async_wait() {
+    emu::wait_copies(N);
+}
 
 // ldmatrix .x4: lanes 8i..8i+7 give the row addresses of matrix i; lane l receives, from
 // each matrix i, the 32-bit word l % 4 of row l / 4.

@@ -14,6 +14,7 @@
 //   i32 <v> | i64 <v> | f32 <bits as u32>   scalars
 // Arguments follow the kernel's parameter order. Exit status 0 on success.
 #include "kernels.h"
+#include "selftest.cu"
 
 #include <cstdio>
 #include <fstream>
@@ -84,6 +85,7 @@ std::map<std::string, Runner> kernels() {
     std::map<std::string, Runner> m;
 #define REG(name) m[#name] = wrap(name);
     SPARKD_EMU_KERNELS(REG)
+    SPARKD_EMU_SELFTEST_KERNELS(REG)
 #undef REG
     return m;
 }

@@ -1,7 +1,11 @@
 //! Runs kernels on the CPU through `kernels/emu/` (a C++20 emulation of the CUDA features
 //! the sources use), so tests check the real kernel code on machines without a GPU.
 //! Needs a C++ compiler (`$CXX`, else `c++`); the runner is built once per source hash
-//! into the temporary directory. Test support: slow, and blind to scheduling races.
+//! into the temporary directory. Test support, and slow.
+//!
+//! With `SPARKD_EMU_RACECHECK=1` the runner is built with ThreadSanitizer and every
+//! launch is also a race check within each block (see `emu/cuda_emu.h`): a race fails
+//! the launch with TSan's report (both accesses, with their stacks).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +19,7 @@ use crate::sources::{HEADERS, SOURCES};
 const EMU_FILES: &[(&str, &str)] = &[
     ("emu/cuda_emu.h", include_str!("../emu/cuda_emu.h")),
     ("emu/kernels.h", include_str!("../emu/kernels.h")),
+    ("emu/selftest.cu", include_str!("../emu/selftest.cu")),
     ("emu/runner.cpp", include_str!("../emu/runner.cpp")),
     (
         "emu/fake_libcuda.cpp",
@@ -70,25 +75,51 @@ pub enum Arg<'a> {
 #[derive(Debug)]
 pub struct Emulator {
     exe: PathBuf,
+    racecheck: bool,
 }
 
 static EMULATOR: OnceLock<Result<Emulator, KeptFailure>> = OnceLock::new();
 static JOBS: AtomicU64 = AtomicU64::new(0);
 
+/// Set to `1` to run every emulated launch under the race checker.
+pub const RACECHECK_ENV: &str = "SPARKD_EMU_RACECHECK";
+
+/// The runner's ThreadSanitizer settings: stop at the first race and fail the launch;
+/// no pause at exit (TSan waits a second by default for other threads to finish).
+const TSAN_OPTIONS: &str = "halt_on_error=1:exitcode=66:history_size=4:atexit_sleep_ms=0";
+
 impl Emulator {
-    /// The process-wide emulator, built on first use. A failure is reported again (as
-    /// text) on later calls without rebuilding.
+    /// The process-wide emulator, built on first use: the race-checking one when
+    /// [`RACECHECK_ENV`] is `1`. A failure is reported again (as text) on later calls
+    /// without rebuilding.
     pub fn get() -> Result<&'static Emulator, EmuError> {
         EMULATOR
-            .get_or_init(|| Self::build().map_err(kept))
+            .get_or_init(|| {
+                let racecheck = std::env::var(RACECHECK_ENV).is_ok_and(|v| v == "1");
+                Self::build(racecheck).map_err(kept)
+            })
             .as_ref()
             .map_err(retyped)
     }
 
-    fn build() -> Result<Emulator, EmuError> {
-        Ok(Emulator {
-            exe: build_once("emu/runner.cpp", "runner", &[])?,
-        })
+    /// A runner of its own with the race checker on or off, whatever the environment
+    /// says (the race checker's own tests).
+    pub fn build(racecheck: bool) -> Result<Emulator, EmuError> {
+        let exe = if racecheck {
+            build_once(
+                "emu/runner.cpp",
+                "runner-racecheck",
+                &["-fsanitize=thread", "-g"],
+            )?
+        } else {
+            build_once("emu/runner.cpp", "runner", &[])?
+        };
+        Ok(Emulator { exe, racecheck })
+    }
+
+    /// Whether launches are race-checked.
+    pub fn racecheck(&self) -> bool {
+        self.racecheck
     }
 
     /// Runs `kernel` over `grid` blocks of `block` threads with `args`.
@@ -139,7 +170,12 @@ impl Emulator {
         }
         let job_path = dir.join("job");
         std::fs::write(&job_path, job)?;
-        let out = Command::new(&self.exe).arg(&job_path).output()?;
+        let mut command = Command::new(&self.exe);
+        command.arg(&job_path);
+        if self.racecheck {
+            command.env("TSAN_OPTIONS", TSAN_OPTIONS);
+        }
+        let out = command.output()?;
         if !out.status.success() {
             return Err(EmuError::Launch {
                 kernel: kernel.to_string(),
@@ -228,6 +264,9 @@ fn build_once(source: &str, output: &str, extra: &[&str]) -> Result<PathBuf, Emu
         h.update(text.as_bytes());
     }
     h.update(cxx.as_bytes());
+    for flag in extra {
+        h.update(flag.as_bytes());
+    }
     let hash: String = h.finalize()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))

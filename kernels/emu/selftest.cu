@@ -1,0 +1,74 @@
+// selftest.cu - kernels that exist only to test the emulator itself (the job runner
+// registers them; the device build and the stand-in driver never see them): each is a
+// small, deliberate instance of a synchronisation bug, or its fixed twin, that the
+// emulator must catch or pass. tests/emu_racecheck.rs runs them.
+//
+// Every kernel takes `out` (one float per thread of the grid) and runs on blocks of 64.
+
+// Each thread writes its slot, then reads its neighbour's with no barrier: a race.
+extern "C" __global__ void selftest_shared_unsynced(float* out) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = (float)(blockIdx.x * 64 + t);
+    out[blockIdx.x * 64 + t] = s[(t + 1) % 64];
+}
+
+// The same with the barrier: no race, in every block (blocks reuse the array).
+extern "C" __global__ void selftest_shared_synced(float* out) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = (float)(blockIdx.x * 64 + t);
+    __syncthreads();
+    out[blockIdx.x * 64 + t] = s[(t + 1) % 64];
+}
+
+// Warp-synchronous exchange through shared memory, ordered only by a shuffle (which
+// exchanges values, not memory): a race on sm_70+, and one here.
+extern "C" __global__ void selftest_shared_after_shuffle(float* out) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = (float)t;
+    const float v = __shfl_xor_sync(0xffffffffu, (float)t, 1);
+    out[blockIdx.x * 64 + t] = s[t ^ 1] + 0.0f * v;
+}
+
+// A write after the last barrier to what another thread read before it: a race
+// (write-after-read), caught in whichever order the threads run.
+extern "C" __global__ void selftest_shared_write_after_read(float* out) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = (float)t;
+    __syncthreads();
+    const float v = s[63 - t];
+    s[t] = v * 2.0f;
+    out[blockIdx.x * 64 + t] = v;
+}
+
+// cp.async into shared memory, committed, then a barrier but no wait: the copy has not
+// landed, so the reads see what was there before (zeros here).
+extern "C" __global__ void selftest_cp_async_unwaited(const float* in, float* out) {
+    __shared__ __align__(16) float s[64 * 4];
+    const int t = threadIdx.x;
+    s[4 * t] = 0.0f;
+    __syncthreads();
+    cp_async16(&s[4 * t], &in[4 * (blockIdx.x * 64 + t)], 16);
+    cp_async_commit();
+    __syncthreads();
+    out[blockIdx.x * 64 + t] = s[4 * ((t + 1) % 64)];
+}
+
+// The same with the wait before the barrier: each thread reads its neighbour's copy.
+extern "C" __global__ void selftest_cp_async_waited(const float* in, float* out) {
+    __shared__ __align__(16) float s[64 * 4];
+    const int t = threadIdx.x;
+    cp_async16(&s[4 * t], &in[4 * (blockIdx.x * 64 + t)], 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    out[blockIdx.x * 64 + t] = s[4 * ((t + 1) % 64)];
+}
+
+#define SPARKD_EMU_SELFTEST_KERNELS(K)                                                    \
+    K(selftest_shared_unsynced) K(selftest_shared_synced) K(selftest_shared_after_shuffle) \
+    K(selftest_shared_write_after_read) K(selftest_cp_async_unwaited)                     \
+    K(selftest_cp_async_waited)

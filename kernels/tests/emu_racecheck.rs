@@ -1,0 +1,109 @@
+//! The emulator's own checks, on kernels written to break them (`emu/selftest.cu`):
+//! the race checker (the runner under ThreadSanitizer, `SPARKD_EMU_RACECHECK=1`) must
+//! report every unordered shared-memory access and pass the same kernels with their
+//! barriers; cp.async data must land only when waited for. Skips without a C++
+//! compiler, or without ThreadSanitizer unless `SPARKD_REQUIRE_RACECHECK=1` (CI).
+
+mod common;
+
+use common::*;
+use sparkd_kernels::emu::{Arg, EmuError, Emulator};
+
+const BLOCKS: u32 = 3;
+const THREADS: usize = 64 * BLOCKS as usize;
+
+fn plain() -> Option<Emulator> {
+    match Emulator::build(false) {
+        Ok(e) => Some(e),
+        Err(e @ EmuError::NoCompiler(_)) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn race_checker() -> Option<Emulator> {
+    let required = std::env::var("SPARKD_REQUIRE_RACECHECK").is_ok_and(|v| v == "1");
+    match Emulator::build(true) {
+        Ok(e) => Some(e),
+        Err(e) if !required => {
+            eprintln!("skipping: no ThreadSanitizer build of the emulator: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Runs a self-test kernel over `BLOCKS` blocks of 64; `input` (4 floats a thread)
+/// comes first when given. Returns `out`.
+fn run(emu: &Emulator, kernel: &str, input: Option<&[f32]>) -> Result<Vec<f32>, EmuError> {
+    let mut out = f32_bytes(&vec![-1.0; THREADS]);
+    let mut inb = input.map(f32_bytes).unwrap_or_default();
+    let mut args = Vec::new();
+    if input.is_some() {
+        args.push(Arg::Buf(&mut inb));
+    }
+    args.push(Arg::Buf(&mut out));
+    emu.launch(kernel, [BLOCKS, 1, 1], [64, 1, 1], &mut args)?;
+    Ok(bytes_f32(&out))
+}
+
+/// Each thread's input: 4 floats, the first being its global index.
+fn input() -> Vec<f32> {
+    (0..THREADS * 4)
+        .map(|i| if i % 4 == 0 { (i / 4) as f32 } else { 0.5 })
+        .collect()
+}
+
+/// What a kernel that reads its right-hand neighbour's value (within its block) wrote.
+fn neighbours() -> Vec<f32> {
+    (0..THREADS)
+        .map(|g| (g / 64 * 64 + (g % 64 + 1) % 64) as f32)
+        .collect()
+}
+
+#[test]
+fn the_race_checker_reports_every_unordered_shared_memory_access() {
+    let Some(emu) = race_checker() else { return };
+    for kernel in [
+        "selftest_shared_unsynced",
+        "selftest_shared_after_shuffle",
+        "selftest_shared_write_after_read",
+    ] {
+        match run(&emu, kernel, None) {
+            Err(EmuError::Launch { stderr, .. }) => {
+                assert!(
+                    stderr.contains("ThreadSanitizer: data race") && stderr.contains(kernel),
+                    "{kernel}: not reported as a race in it:\n{stderr}"
+                );
+            }
+            other => panic!("{kernel}: the race went unreported: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_race_checker_passes_the_same_kernels_with_their_barriers() {
+    let Some(emu) = race_checker() else { return };
+    assert!(emu.racecheck());
+    let out = run(&emu, "selftest_shared_synced", None).unwrap();
+    assert_eq!(out, neighbours());
+    let out = run(&emu, "selftest_cp_async_waited", Some(&input())).unwrap();
+    assert_eq!(out, neighbours());
+}
+
+#[test]
+fn cp_async_data_lands_only_when_waited_for() {
+    for emu in [plain(), race_checker()].into_iter().flatten() {
+        let waited = run(&emu, "selftest_cp_async_waited", Some(&input())).unwrap();
+        assert_eq!(waited, neighbours(), "racecheck {}", emu.racecheck());
+        let unwaited = run(&emu, "selftest_cp_async_unwaited", Some(&input())).unwrap();
+        assert_eq!(
+            unwaited,
+            vec![0.0; THREADS],
+            "racecheck {}: an unwaited copy was read",
+            emu.racecheck()
+        );
+    }
+}
