@@ -20,8 +20,9 @@
 // threads of a block touching the same bytes, one of them writing, with no barrier
 // between, is reported, with both stacks; warp shuffles and mma exchange values, never
 // order memory, so warp-synchronous shared-memory code without a barrier is a race too,
-// as it is on sm_70+. Blocks run one after another, so races between blocks (in global
-// memory) are out of its reach.
+// as it is on sm_70+. Blocks run one after another, last to first under the checker and
+// first to last otherwise, so a result that depends on the order of blocks fails one of
+// the two runs; races between blocks are otherwise out of its reach.
 //
 // Otherwise this checks indexing, synchronisation structure and arithmetic, and cannot
 // measure performance.
@@ -55,6 +56,7 @@
 extern "C" void __tsan_read_range(void* addr, unsigned long size);
 extern "C" void __tsan_write_range(void* addr, unsigned long size);
 #else
+#define SPARKD_EMU_RACECHECK 0
 #define EMU_UNCHECKED
 #endif
 
@@ -355,7 +357,11 @@ EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
     fiber_body = [](void* f) { (*static_cast<F*>(f))(); };
     fiber_arg = &body;
     std::vector<Fiber> fibers(threads);
-    for (unsigned long long b = 0; b < n_blocks; ++b) {
+    for (unsigned long long n = 0; n < n_blocks; ++n) {
+        // The race checker runs the blocks last to first: a result that depends on the
+        // order of blocks (one reading what another writes, two writing one place)
+        // then fails one of the two runs' comparisons.
+        const unsigned long long b = SPARKD_EMU_RACECHECK ? n_blocks - 1 - n : n;
         Block blk;
         blk.bar.expected = threads;
         blk.bar.orders_memory = true;
@@ -382,7 +388,7 @@ EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
             makecontext(&f.start, fiber_main, 0);
         }
         cur_block = &blk;
-        cur_block_number = b;
+        cur_block_number = n;
         blockIdx = bidx;
         int live = threads;
         while (live > 0) {

@@ -68,7 +68,14 @@ extern "C" __global__ void selftest_cp_async_waited(const float* in, float* out)
     out[blockIdx.x * 64 + t] = s[4 * ((t + 1) % 64)];
 }
 
+// Each block reads what the block before it wrote, in global memory: right only if the
+// blocks run in order, which a GPU does not promise.
+extern "C" __global__ void selftest_blocks_chained(float* out) {
+    const int t = threadIdx.x, b = blockIdx.x;
+    out[b * 64 + t] = b == 0 ? (float)t : out[(b - 1) * 64 + t] + 1.0f;
+}
+
 #define SPARKD_EMU_SELFTEST_KERNELS(K)                                                    \
     K(selftest_shared_unsynced) K(selftest_shared_synced) K(selftest_shared_after_shuffle) \
     K(selftest_shared_write_after_read) K(selftest_cp_async_unwaited)                     \
-    K(selftest_cp_async_waited)
+    K(selftest_cp_async_waited) K(selftest_blocks_chained)

@@ -1,7 +1,8 @@
 //! The emulator's own checks, on kernels written to break them (`emu/selftest.cu`):
 //! the race checker (the runner under ThreadSanitizer, `SPARKD_EMU_RACECHECK=1`) must
 //! report every unordered shared-memory access and pass the same kernels with their
-//! barriers; cp.async data must land only when waited for. Skips without a C++
+//! barriers, and run blocks in the other order; cp.async data must land only when
+//! waited for. Skips without a C++
 //! compiler, or without ThreadSanitizer unless `SPARKD_REQUIRE_RACECHECK=1` (CI).
 
 mod common;
@@ -105,5 +106,23 @@ fn cp_async_data_lands_only_when_waited_for() {
             "racecheck {}: an unwaited copy was read",
             emu.racecheck()
         );
+    }
+}
+
+#[test]
+fn the_race_checker_runs_blocks_in_the_other_order() {
+    // Block b adds one to what block b - 1 wrote: right only in launch order.
+    let in_order: Vec<f32> = (0..THREADS).map(|g| (g % 64 + g / 64) as f32).collect();
+    if let Some(emu) = plain() {
+        assert_eq!(
+            run(&emu, "selftest_blocks_chained", None).unwrap(),
+            in_order
+        );
+    }
+    if let Some(emu) = race_checker() {
+        let out = run(&emu, "selftest_blocks_chained", None).unwrap();
+        assert_ne!(out, in_order, "a dependence between blocks went unnoticed");
+        // The last block ran first and read the untouched -1.
+        assert_eq!(out[THREADS - 64..], vec![0.0; 64][..]);
     }
 }
