@@ -13,7 +13,7 @@
 // cp.async copies are deferred to the cp.async.wait_group that covers them, so a tile
 // read before its wait holds stale data and fails the test, as it can on a GPU.
 //
-// Built with -fsanitize=thread (src/emu.rs does, for SPARKD_EMU_RACECHECK=1), it is also
+// Built with -fsanitize=thread (src/emu.rs does, for SPARKD_EMU_CHECK=races), it is also
 // a shared-memory race checker: every emulated thread is a ThreadSanitizer fiber, fiber
 // switches carry no ordering, and only what orders memory on the GPU does: a
 // __syncthreads (per phase), and the end of a block before the next one starts. Two
@@ -59,6 +59,16 @@ extern "C" void __tsan_write_range(void* addr, unsigned long size);
 #define SPARKD_EMU_RACECHECK 0
 #define EMU_UNCHECKED
 #endif
+// Built with -fsanitize=address (SPARKD_EMU_CHECK=memory) it is a memory checker: a
+// kernel reading or writing past a buffer it was given (the job runner allocates each
+// one to its exact size) or past a `__shared__` array is reported with its stack.
+#if defined(__SANITIZE_ADDRESS__)
+#define SPARKD_EMU_MEMCHECK 1
+#else
+#define SPARKD_EMU_MEMCHECK 0
+#endif
+// Both sanitizers follow swapcontext between stacks, not _setjmp/_longjmp.
+#define SPARKD_EMU_SWAPCONTEXT (SPARKD_EMU_RACECHECK || SPARKD_EMU_MEMCHECK)
 
 #define __global__
 #define __device__
@@ -143,8 +153,8 @@ struct AsyncCopy {
 // One emulated thread: its own stack and saved context, and who it is.
 struct Fiber {
     ucontext_t start;  // where it begins (makecontext: its own stack)
-#if SPARKD_EMU_RACECHECK
-    ucontext_t at;        // where it waits, once started (swapcontext: TSan follows it)
+#if SPARKD_EMU_SWAPCONTEXT
+    ucontext_t at;         // where it waits, once started (swapcontext: sanitizers follow it)
     void* tsan = nullptr;  // its ThreadSanitizer fiber, one per stack, kept
 #else
     std::jmp_buf at;  // where it waits, once started
@@ -166,32 +176,33 @@ static Fiber* cur_fiber = nullptr;
 // deadlock (a __syncthreads or warp exchange that some live thread never reaches).
 static unsigned long long progress = 0;
 
-#if SPARKD_EMU_RACECHECK
-// Under the race checker switches are swapcontext, which ThreadSanitizer's fibers
-// follow (it tracks _setjmp/_longjmp per thread and would reject a jump between fibers),
-// each preceded by a switch of TSan's fiber that implies no ordering.
+#if SPARKD_EMU_SWAPCONTEXT
+// Under a sanitizer switches are swapcontext, which both follow (ThreadSanitizer tracks
+// _setjmp/_longjmp per thread and would reject a jump between fibers; AddressSanitizer
+// resets a stack's shadow when a context starts on it). Under the race checker each
+// is preceded by a switch of TSan's fiber that implies no ordering.
 static ucontext_t scheduler;
 static void* scheduler_tsan = nullptr;
+EMU_UNCHECKED static void tsan_switch([[maybe_unused]] void* to) {
+#if SPARKD_EMU_RACECHECK
+    __tsan_switch_to_fiber(to, __tsan_switch_to_fiber_no_sync);
+#endif
+}
 EMU_UNCHECKED static void resume(Fiber& f) {
     const bool first = !f.started;
     f.started = true;
-    __tsan_switch_to_fiber(f.tsan, __tsan_switch_to_fiber_no_sync);
+    tsan_switch(f.tsan);
     swapcontext(&scheduler, first ? &f.start : &f.at);
 }
 EMU_UNCHECKED static void yield() {
-    __tsan_switch_to_fiber(scheduler_tsan, __tsan_switch_to_fiber_no_sync);
+    tsan_switch(scheduler_tsan);
     swapcontext(&cur_fiber->at, &scheduler);
 }
 [[noreturn]] EMU_UNCHECKED static void leave() {
-    __tsan_switch_to_fiber(scheduler_tsan, __tsan_switch_to_fiber_no_sync);
+    tsan_switch(scheduler_tsan);
     setcontext(&scheduler);
     __builtin_unreachable();
 }
-static void release(void* sync) { __tsan_release(sync); }
-static void acquire(void* sync) { __tsan_acquire(sync); }
-// Accesses made by uninstrumented code on a kernel's behalf.
-static void reads(const void* p, size_t n) { __tsan_read_range((void*)p, n); }
-static void writes(void* p, size_t n) { __tsan_write_range(p, n); }
 #else
 // Switches are _setjmp/_longjmp (no signal-mask system call, unlike swapcontext);
 // ucontext only gives each fiber its stack at the start.
@@ -206,6 +217,15 @@ static void yield() {
     if (_setjmp(cur_fiber->at) == 0) _longjmp(scheduler, 1);
 }
 [[noreturn]] static void leave() { _longjmp(scheduler, 1); }
+#endif
+
+#if SPARKD_EMU_RACECHECK
+static void release(void* sync) { __tsan_release(sync); }
+static void acquire(void* sync) { __tsan_acquire(sync); }
+// Accesses made by uninstrumented code on a kernel's behalf.
+static void reads(const void* p, size_t n) { __tsan_read_range((void*)p, n); }
+static void writes(void* p, size_t n) { __tsan_write_range(p, n); }
+#else
 static void release(void*) {}
 static void acquire(void*) {}
 static void reads(const void*, size_t) {}

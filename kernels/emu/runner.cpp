@@ -17,6 +17,7 @@
 #include "selftest.cu"
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -27,19 +28,29 @@
 
 namespace {
 
+struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+};
+using DeviceBuffer = std::unique_ptr<unsigned char[], Free>;
+
+// A device buffer: 256-byte aligned like cuMemAlloc's, and exactly `size` bytes, so
+// that under the memory checker the first byte past it is already out of bounds.
+DeviceBuffer device_buffer(size_t size) {
+    void* mem = nullptr;
+    if (posix_memalign(&mem, 256, size ? size : 1) != 0) throw std::runtime_error("no memory for a buffer");
+    return DeviceBuffer(static_cast<unsigned char*>(mem));
+}
+
 struct Arg {
     enum Kind { Buf, View, Null, I32, I64, F32 } kind;
     std::string path;
     size_t offset = 0;  // Buf and View: bytes into the buffer
     size_t of = 0;      // View: the argument that owns the buffer
-    std::vector<unsigned char> data;  // over-allocated for alignment
+    DeviceBuffer data;
     size_t size = 0;
     long long i = 0;
     float f = 0;
-    unsigned char* ptr() {
-        auto p = reinterpret_cast<uintptr_t>(data.data());
-        return reinterpret_cast<unsigned char*>((p + 255) & ~uintptr_t(255));
-    }
+    unsigned char* ptr() { return data.get(); }
 };
 
 struct Args {
@@ -120,7 +131,7 @@ int main(int argc, char** argv) {
                 a.size = bytes.size();
                 if (!(in >> a.offset)) a.offset = 0;
                 if (a.offset > a.size) throw std::runtime_error("buffer offset past its end");
-                a.data.assign(bytes.size() + 256, 0);
+                a.data = device_buffer(bytes.size());
                 std::memcpy(a.ptr(), bytes.data(), bytes.size());
                 args.push_back(std::move(a));
             } else if (d == "view") {

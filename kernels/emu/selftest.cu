@@ -1,7 +1,7 @@
 // selftest.cu - kernels that exist only to test the emulator itself (the job runner
 // registers them; the device build and the stand-in driver never see them): each is a
 // small, deliberate instance of a synchronisation bug, or its fixed twin, that the
-// emulator must catch or pass. tests/emu_racecheck.rs runs them.
+// emulator must catch or pass. tests/emu_checks.rs runs them.
 //
 // Every kernel takes `out` (one float per thread of the grid) and runs on blocks of 64.
 
@@ -75,7 +75,23 @@ extern "C" __global__ void selftest_blocks_chained(float* out) {
     out[b * 64 + t] = b == 0 ? (float)t : out[(b - 1) * 64 + t] + 1.0f;
 }
 
+// One element past the input (`in` holds one float per thread of the grid).
+extern "C" __global__ void selftest_global_past_end(const float* in, float* out) {
+    const int g = blockIdx.x * 64 + threadIdx.x;
+    out[g] = in[g + 1];
+}
+
+// One element past a shared array, behind a correct barrier.
+extern "C" __global__ void selftest_shared_past_end(float* out) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = (float)t;
+    __syncthreads();
+    out[blockIdx.x * 64 + t] = s[t + 1];
+}
+
 #define SPARKD_EMU_SELFTEST_KERNELS(K)                                                    \
     K(selftest_shared_unsynced) K(selftest_shared_synced) K(selftest_shared_after_shuffle) \
     K(selftest_shared_write_after_read) K(selftest_cp_async_unwaited)                     \
-    K(selftest_cp_async_waited) K(selftest_blocks_chained)
+    K(selftest_cp_async_waited) K(selftest_blocks_chained) K(selftest_global_past_end)    \
+    K(selftest_shared_past_end)

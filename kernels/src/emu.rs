@@ -3,9 +3,10 @@
 //! Needs a C++ compiler (`$CXX`, else `c++`); the runner is built once per source hash
 //! into the temporary directory. Test support, and slow.
 //!
-//! With `SPARKD_EMU_RACECHECK=1` the runner is built with ThreadSanitizer and every
-//! launch is also a race check within each block (see `emu/cuda_emu.h`): a race fails
-//! the launch with TSan's report (both accesses, with their stacks).
+//! `SPARKD_EMU_CHECK` builds the runner with a sanitizer, and every launch is also a
+//! check (see `emu/cuda_emu.h`): `races` (ThreadSanitizer) for races between the
+//! threads of a block, `memory` (AddressSanitizer) for accesses past a buffer or a
+//! shared array. A finding fails the launch with the sanitizer's report and stacks.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -75,51 +76,96 @@ pub enum Arg<'a> {
 #[derive(Debug)]
 pub struct Emulator {
     exe: PathBuf,
-    racecheck: bool,
+    check: Check,
+}
+
+/// What a runner checks besides the results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Nothing: the fast runner.
+    None,
+    /// Races between the threads of a block (ThreadSanitizer); blocks run last to first.
+    Races,
+    /// Accesses outside a buffer or a shared array (AddressSanitizer).
+    Memory,
+}
+
+impl Check {
+    /// From [`CHECK_ENV`]: unset or empty is [`Check::None`].
+    pub fn from_env() -> Result<Check, EmuError> {
+        match std::env::var(CHECK_ENV).unwrap_or_default().as_str() {
+            "" => Ok(Check::None),
+            "races" => Ok(Check::Races),
+            "memory" => Ok(Check::Memory),
+            other => Err(EmuError::Build(format!(
+                "{CHECK_ENV}={other}: expected races or memory"
+            ))),
+        }
+    }
+
+    fn runner(self) -> RunnerBuild {
+        match self {
+            Check::None => RunnerBuild {
+                file: "runner",
+                flags: &[],
+                env: None,
+            },
+            // Stop at the first race and fail the launch; no pause at exit (TSan waits
+            // a second by default for other threads to finish).
+            Check::Races => RunnerBuild {
+                file: "runner-races",
+                flags: &["-fsanitize=thread", "-g"],
+                env: Some((
+                    "TSAN_OPTIONS",
+                    "halt_on_error=1:exitcode=66:history_size=4:atexit_sleep_ms=0",
+                )),
+            },
+            // The fibers' stacks are the emulator's own mmaps: no leak check.
+            Check::Memory => RunnerBuild {
+                file: "runner-memory",
+                flags: &["-fsanitize=address", "-fno-omit-frame-pointer", "-g"],
+                env: Some(("ASAN_OPTIONS", "detect_leaks=0:exitcode=66")),
+            },
+        }
+    }
+}
+
+/// How the runner for a [`Check`] is built and run.
+struct RunnerBuild {
+    file: &'static str,
+    flags: &'static [&'static str],
+    /// The sanitizer's options: variable and value.
+    env: Option<(&'static str, &'static str)>,
 }
 
 static EMULATOR: OnceLock<Result<Emulator, KeptFailure>> = OnceLock::new();
 static JOBS: AtomicU64 = AtomicU64::new(0);
 
-/// Set to `1` to run every emulated launch under the race checker.
-pub const RACECHECK_ENV: &str = "SPARKD_EMU_RACECHECK";
-
-/// The runner's ThreadSanitizer settings: stop at the first race and fail the launch;
-/// no pause at exit (TSan waits a second by default for other threads to finish).
-const TSAN_OPTIONS: &str = "halt_on_error=1:exitcode=66:history_size=4:atexit_sleep_ms=0";
+/// `races` or `memory`: run every emulated launch under that check.
+pub const CHECK_ENV: &str = "SPARKD_EMU_CHECK";
 
 impl Emulator {
-    /// The process-wide emulator, built on first use: the race-checking one when
-    /// [`RACECHECK_ENV`] is `1`. A failure is reported again (as text) on later calls
-    /// without rebuilding.
+    /// The process-wide emulator, built on first use, with the check [`CHECK_ENV`]
+    /// asks for. A failure is reported again (as text) on later calls without
+    /// rebuilding.
     pub fn get() -> Result<&'static Emulator, EmuError> {
         EMULATOR
-            .get_or_init(|| {
-                let racecheck = std::env::var(RACECHECK_ENV).is_ok_and(|v| v == "1");
-                Self::build(racecheck).map_err(kept)
-            })
+            .get_or_init(|| Check::from_env().and_then(Self::build).map_err(kept))
             .as_ref()
             .map_err(retyped)
     }
 
-    /// A runner of its own with the race checker on or off, whatever the environment
-    /// says (the race checker's own tests).
-    pub fn build(racecheck: bool) -> Result<Emulator, EmuError> {
-        let exe = if racecheck {
-            build_once(
-                "emu/runner.cpp",
-                "runner-racecheck",
-                &["-fsanitize=thread", "-g"],
-            )?
-        } else {
-            build_once("emu/runner.cpp", "runner", &[])?
-        };
-        Ok(Emulator { exe, racecheck })
+    /// A runner of its own with `check`, whatever the environment says (the checks'
+    /// own tests).
+    pub fn build(check: Check) -> Result<Emulator, EmuError> {
+        let runner = check.runner();
+        let exe = build_once("emu/runner.cpp", runner.file, runner.flags)?;
+        Ok(Emulator { exe, check })
     }
 
-    /// Whether launches are race-checked.
-    pub fn racecheck(&self) -> bool {
-        self.racecheck
+    /// What launches are checked for.
+    pub fn check(&self) -> Check {
+        self.check
     }
 
     /// Runs `kernel` over `grid` blocks of `block` threads with `args`.
@@ -172,8 +218,8 @@ impl Emulator {
         std::fs::write(&job_path, job)?;
         let mut command = Command::new(&self.exe);
         command.arg(&job_path);
-        if self.racecheck {
-            command.env("TSAN_OPTIONS", TSAN_OPTIONS);
+        if let Some((var, options)) = self.check.runner().env {
+            command.env(var, options);
         }
         let out = command.output()?;
         if !out.status.success() {

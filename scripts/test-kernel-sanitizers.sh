@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# CI check of the CUDA kernels for races and out-of-bounds accesses, without a GPU: the
+# emulator tests again with the job runner built under a sanitizer
+# (SPARKD_EMU_CHECK, see kernels/emu/cuda_emu.h):
+#   races   ThreadSanitizer; each emulated GPU thread is a TSan fiber, only
+#           __syncthreads orders memory within a block, blocks run last to first;
+#   memory  AddressSanitizer; buffers allocated to their exact size, shared arrays
+#           with red zones.
+# Each runs the checkers' self-tests (kernels written to break them must be reported,
+# their fixed twins must pass), every kernel's tests, and the CUDA backend's
+# whole-forward tests through the emulator. Fails (rather than skips) if a sanitizer is
+# missing. Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export SPARKD_REQUIRE_EMU_CHECKS=1
+for check in races memory; do
+    echo "== emulator under SPARKD_EMU_CHECK=$check"
+    SPARKD_EMU_CHECK=$check cargo test -p sparkd-kernels \
+        --test emu_checks --test emu_layers --test emu_weights "$@"
+    SPARKD_EMU_CHECK=$check cargo test -p sparkd --lib backend::cuda "$@"
+done
