@@ -6,12 +6,16 @@
 // __syncthreads is a barrier over the block, warp shuffles exchange values through
 // per-warp slots between two barrier phases, and threads that return early drop out of
 // both barriers, as exited threads do on sm_70+. `__shared__` becomes `static`: one copy
-// per kernel, which is right while one block runs at a time. cp.async is a synchronous
-// copy, ldmatrix and mma.sync gather their operands from the 32 lanes and follow the
-// fragment layouts of the PTX ISA.
+// per kernel, which is right while one block runs at a time. ldmatrix and mma.sync
+// gather their operands from the 32 lanes and follow the fragment layouts of the PTX ISA.
 //
-// cp.async copies are deferred to the cp.async.wait_group that covers them, so a tile
-// read before its wait holds stale data and fails the test, as it can on a GPU.
+// Always checked, in every build: a cp.async lands only when the cp.async.wait_group
+// that covers it runs, so a tile read before its wait holds stale data and fails the
+// test, as it can on a GPU; every live lane of a warp must join each warp exchange at
+// the same call site with the same mask that names it (divergent *_sync calls are
+// undefined on a GPU); a shuffle must read a lane that takes part; ldmatrix and mma
+// need the whole warp. A breach ends the launch with the thread, the call sites and
+// the masks.
 //
 // Built with -fsanitize=thread (src/emu.rs does, for SPARKD_EMU_CHECK=races), it is also
 // a shared-memory race checker: every emulated thread is a ThreadSanitizer fiber, fiber
@@ -38,7 +42,10 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <source_location>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <csetjmp>
@@ -55,6 +62,7 @@
 // In the runtime, not in every compiler's copy of tsan_interface.h.
 extern "C" void __tsan_read_range(void* addr, unsigned long size);
 extern "C" void __tsan_write_range(void* addr, unsigned long size);
+extern "C" void __tsan_ignore_thread_begin();
 #else
 #define SPARKD_EMU_RACECHECK 0
 #define EMU_UNCHECKED
@@ -133,9 +141,24 @@ struct Barrier {
     char sync[2] = {};
 };
 
+// Where a lane joined a warp exchange: all the warp's live lanes must join the same
+// one (the same call site and mask), as the *_sync intrinsics and the .aligned
+// ldmatrix and mma require.
+struct Site {
+    const char* file = "";
+    unsigned line = 0;
+    unsigned mask = 0;
+    bool whole_warp = false;  // ldmatrix and mma: every lane of the warp, none exited
+    bool operator==(const Site& o) const {
+        return line == o.line && mask == o.mask && (file == o.file || std::strcmp(file, o.file) == 0);
+    }
+};
+
 struct Warp {
     Barrier bar;
     alignas(16) unsigned char slot[32][64];
+    Site site[32];
+    bool live[32] = {};  // lanes that exist and have not exited
 };
 
 struct Block {
@@ -175,6 +198,9 @@ static Fiber* cur_fiber = nullptr;
 // Bumped by every arrival, release and exit: a scheduler round without it is a
 // deadlock (a __syncthreads or warp exchange that some live thread never reaches).
 static unsigned long long progress = 0;
+// A misuse found on a fiber, which leaves its stack at once; the scheduler throws it.
+// (A pointer that only uninstrumented code touches; the text is ordered by a release.)
+static std::string* fault = nullptr;
 
 #if SPARKD_EMU_SWAPCONTEXT
 // Under a sanitizer switches are swapcontext, which both follow (ThreadSanitizer tracks
@@ -225,11 +251,15 @@ static void acquire(void* sync) { __tsan_acquire(sync); }
 // Accesses made by uninstrumented code on a kernel's behalf.
 static void reads(const void* p, size_t n) { __tsan_read_range((void*)p, n); }
 static void writes(void* p, size_t n) { __tsan_write_range(p, n); }
+// A launch abandoned on an error leaves its other threads mid-kernel, unordered with
+// the host's clean-up; the error is the report, so the host's accesses go unchecked.
+static void abandon_launch() { __tsan_ignore_thread_begin(); }
 #else
 static void release(void*) {}
 static void acquire(void*) {}
 static void reads(const void*, size_t) {}
 static void writes(void*, size_t) {}
+static void abandon_launch() {}
 #endif
 
 EMU_UNCHECKED static void arrive_and_wait(Barrier& b) {
@@ -256,14 +286,46 @@ EMU_UNCHECKED static void arrive_and_drop(Barrier& b) {
     }
 }
 
-// Every lane publishes `mine`; returns after all lanes can read every lane's value.
-// (__builtin_memcpy of a constant size compiles to moves: the race checker's
-// interception of the library memcpy would see the slots.)
+// Ends the launch with `what` (from a fiber).
+[[noreturn]] EMU_UNCHECKED static void fail(const std::string& what) {
+    fault = new std::string("emulator: block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+            std::to_string(blockIdx.z) + ") thread (" + std::to_string(threadIdx.x) + "," +
+            std::to_string(threadIdx.y) + "," + std::to_string(threadIdx.z) + "): " + what);
+    release(&fault);  // for the scheduler, which reads it next
+    leave();
+}
+
+static std::string describe(const Site& s) {
+    char mask[16];
+    std::snprintf(mask, sizeof mask, "%#x", s.mask);
+    return std::string(s.file) + ":" + std::to_string(s.line) + " (mask " + mask + ")";
+}
+
+// Every lane publishes `mine`; returns after all lanes can read every lane's value,
+// having checked that the warp's live lanes all joined this exchange, at one call
+// site with one mask that names them. (__builtin_memcpy of a constant size compiles
+// to moves: the race checker's interception of the library memcpy would see the slots.)
 template <typename T>
-EMU_UNCHECKED static void publish(const T& mine) {
+EMU_UNCHECKED static void publish(const T& mine, const Site& at) {
     static_assert(sizeof(T) <= 64, "slot size");
-    __builtin_memcpy(cur_warp->slot[cur_lane], &mine, sizeof(T));
-    arrive_and_wait(cur_warp->bar);
+    Warp& w = *cur_warp;
+    __builtin_memcpy(w.slot[cur_lane], &mine, sizeof(T));
+    w.site[cur_lane] = at;
+    arrive_and_wait(w.bar);
+    // Each live lane against the first: all at one site. (`expected` counts live lanes.)
+    int first = 0;
+    while (!w.live[first]) ++first;
+    if (!(w.site[first] == at))
+        fail("lanes of one warp met at different warp exchanges: lane " + std::to_string(cur_lane) + " at " +
+             describe(at) + ", lane " + std::to_string(first) + " at " + describe(w.site[first]));
+    if (!((at.mask >> cur_lane) & 1))
+        fail("lane " + std::to_string(cur_lane) + " joined the exchange at " + describe(at) + " outside its mask");
+    if (at.whole_warp && w.bar.expected != 32) {
+        int gone = 0;
+        while (w.live[gone]) ++gone;
+        fail("a warp-wide matrix instruction at " + describe(at) + " without lane " + std::to_string(gone) +
+             " (exited or absent)");
+    }
 }
 template <typename T>
 EMU_UNCHECKED static T read_slot(int lane) {
@@ -271,6 +333,7 @@ EMU_UNCHECKED static T read_slot(int lane) {
     __builtin_memcpy(&v, cur_warp->slot[lane], sizeof(T));
     return v;
 }
+
 // Ends an exchange: no lane overwrites its slot before all have read.
 EMU_UNCHECKED static void done() { arrive_and_wait(cur_warp->bar); }
 
@@ -299,12 +362,22 @@ EMU_UNCHECKED static void wait_copies(size_t pending) {
     for (size_t& e : f.group_ends) e -= end;
 }
 
+// A shuffle may read only a lane that takes part: one that has exited or is outside
+// the mask gives an undefined value on a GPU.
 template <typename T>
-static T shfl(T v, int src) {
-    publish(v);
-    const T r = read_slot<T>(src & 31);
+static T shfl(T v, int src, const Site& at) {
+    publish(v, at);
+    src &= 31;
+    if (!cur_warp->live[src] || !((at.mask >> src) & 1))
+        fail("a shuffle at " + describe(at) + " reads lane " + std::to_string(src) +
+             ", which does not take part (exited, absent or outside the mask)");
+    const T r = read_slot<T>(src);
     done();
     return r;
+}
+
+static Site site(const std::source_location& at, unsigned mask, bool whole_warp = false) {
+    return {at.file_name(), at.line(), mask, whole_warp};
 }
 
 // Stacks for the fibers, kept for the life of the process (launches reuse them), each
@@ -337,21 +410,22 @@ static void (*fiber_body)(void*) = nullptr;
 static void* fiber_arg = nullptr;
 
 // Orders each block after the ones before it (the static `__shared__` arrays and the
-// stacks are reused; on a GPU each block has its own) and a launch after the host's
-// set-up: block b acquires from block_order[(b + 1) % 2], where the launch and block
-// b - 1 released, and releases to block_order[b % 2], which its own threads never
-// acquire from, so its threads stay unordered among themselves.
+// stacks are reused; on a GPU each block has its own) and after the host's set-up:
+// the n-th block run acquires from block_order[(n + 1) % 2], where the host released
+// before running it and the block before released, and releases to block_order[n % 2],
+// which its own threads never acquire from, so they stay unordered among themselves.
 static char block_order[2];
 static unsigned long long cur_block_number = 0;
 
 EMU_UNCHECKED static void fiber_main() {
-    const unsigned long long b = cur_block_number;
-    acquire(&block_order[(b + 1) & 1]);
+    const unsigned long long n = cur_block_number;
+    acquire(&block_order[(n + 1) & 1]);
     fiber_body(fiber_arg);
     // Copies never waited for are dropped: nothing may read them.
     cur_fiber->copies.clear();
     cur_fiber->group_ends.clear();
-    release(&block_order[b & 1]);
+    cur_warp->live[cur_lane] = false;
+    release(&block_order[n & 1]);
     arrive_and_drop(cur_warp->bar);
     arrive_and_drop(cur_block->bar);
     cur_fiber->done = true;
@@ -369,7 +443,6 @@ EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
 #if SPARKD_EMU_RACECHECK
     scheduler_tsan = __tsan_get_current_fiber();
 #endif
-    release(&block_order[1]);  // "block -1": the host's writes before the launch
     gridDim = grid;
     blockDim = block;
     const int threads = (int)(block.x * block.y * block.z);
@@ -386,8 +459,10 @@ EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
         blk.bar.expected = threads;
         blk.bar.orders_memory = true;
         blk.warps = std::vector<Warp>((threads + 31) / 32);
-        for (size_t w = 0; w < blk.warps.size(); ++w)
+        for (size_t w = 0; w < blk.warps.size(); ++w) {
             blk.warps[w].bar.expected = std::min(32, threads - 32 * (int)w);
+            for (int l = 0; l < blk.warps[w].bar.expected; ++l) blk.warps[w].live[l] = true;
+        }
         const dim3 bidx{(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y),
                         (unsigned)(b / ((unsigned long long)grid.x * grid.y))};
         for (int t = 0; t < threads; ++t) {
@@ -409,6 +484,7 @@ EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
         }
         cur_block = &blk;
         cur_block_number = n;
+        release(&block_order[(n + 1) & 1]);  // the host's set-up of this block, and before
         blockIdx = bidx;
         int live = threads;
         while (live > 0) {
@@ -420,10 +496,19 @@ EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
                 cur_warp = f.warp;
                 cur_fiber = &f;
                 resume(f);
+                if (fault) {
+                    acquire(&fault);
+                    abandon_launch();
+                    cur_fiber = nullptr;
+                    const std::unique_ptr<std::string> what(std::exchange(fault, nullptr));
+                    throw std::runtime_error(*what);
+                }
                 if (f.done) --live;
             }
-            if (live > 0 && progress == before)
+            if (live > 0 && progress == before) {
+                abandon_launch();
                 throw std::runtime_error("emulator: deadlock (a barrier or warp exchange that some thread never reaches)");
+            }
         }
     }
     cur_fiber = nullptr;
@@ -434,9 +519,17 @@ EMU_UNCHECKED static void launch(dim3 grid, dim3 block, F body) {
 }  // namespace emu
 
 static inline void __syncthreads() { emu::arrive_and_wait(emu::cur_block->bar); }
-static inline float __shfl_xor_sync(unsigned, float v, int o) { return emu::shfl(v, emu::cur_lane ^ o); }
-static inline int __shfl_xor_sync(unsigned, int v, int o) { return emu::shfl(v, emu::cur_lane ^ o); }
-static inline float __shfl_sync(unsigned, float v, int src) { return emu::shfl(v, src); }
+// Each intrinsic records its call site (a default argument, evaluated where it is called).
+using emu_here = std::source_location;
+static inline float __shfl_xor_sync(unsigned mask, float v, int o, emu_here at = emu_here::current()) {
+    return emu::shfl(v, emu::cur_lane ^ o, emu::site(at, mask));
+}
+static inline int __shfl_xor_sync(unsigned mask, int v, int o, emu_here at = emu_here::current()) {
+    return emu::shfl(v, emu::cur_lane ^ o, emu::site(at, mask));
+}
+static inline float __shfl_sync(unsigned mask, float v, int src, emu_here at = emu_here::current()) {
+    return emu::shfl(v, src, emu::site(at, mask));
+}
 
 // The kernels' typedefs come from common.cuh, included after this header.
 static inline void cp_async16(void* dst, const void* src, unsigned src_bytes) { emu::issue_copy(dst, src, src_bytes); }
@@ -448,8 +541,9 @@ static inline void cp_async_wait() {
 
 // ldmatrix .x4: lanes 8i..8i+7 give the row addresses of matrix i; lane l receives, from
 // each matrix i, the 32-bit word l % 4 of row l / 4.
-static inline void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-    emu::publish(p);
+static inline void ldmatrix_x4(unsigned (&r)[4], const void* p, emu_here here = emu_here::current()) {
+    const emu::Site at = emu::site(here, 0xffffffffu, true);
+    emu::publish(p, at);
     for (int i = 0; i < 4; ++i) {
         const unsigned char* row = (const unsigned char*)emu::read_slot<const void*>(8 * i + emu::cur_lane / 4);
         std::memcpy(&r[i], row + 4 * (emu::cur_lane % 4), 4);
@@ -459,8 +553,9 @@ static inline void ldmatrix_x4(unsigned (&r)[4], const void* p) {
 
 // ldmatrix .x4.trans: the same rows, but lane l receives the 16-bit elements at columns
 // l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1 of each matrix (the lower row in the low half).
-static inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-    emu::publish(p);
+static inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* p, emu_here here = emu_here::current()) {
+    const emu::Site at = emu::site(here, 0xffffffffu, true);
+    emu::publish(p, at);
     const int col = emu::cur_lane / 4, row = 2 * (emu::cur_lane % 4);
     for (int i = 0; i < 4; ++i) {
         unsigned short lo, hi;
@@ -487,9 +582,11 @@ struct MmaIn {
 // A regs: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..); B regs: (k 2t..2t+1, n g),
 // (k 2t+8.., n g); C/D: (g, 2t..2t+1) then (g+8, 2t..2t+1). Low half = lower k / column.
 template <bool BF16>
-static inline void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+static inline void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                             emu_here here = emu_here::current()) {
+    const emu::Site at = emu::site(here, 0xffffffffu, true);
     emu::MmaIn mine{{a[0], a[1], a[2], a[3]}, {b0, b1}};
-    emu::publish(mine);
+    emu::publish(mine, at);
     auto a_at = [](int r, int k) {
         const int lane = (r % 8) * 4 + (k % 8) / 2, reg = (r >= 8) + 2 * (k >= 8);
         const unsigned w = emu::read_slot<emu::MmaIn>(lane).a[reg];

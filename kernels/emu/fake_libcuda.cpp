@@ -241,7 +241,14 @@ void run_queue(Stream* s) {
     while (!s->queue.empty()) {
         Op op = std::move(s->queue.front());
         s->queue.pop_front();
-        op.run();
+        // A kernel the emulator stops (a deadlock, a misused warp intrinsic) has no
+        // driver error to become here: say so and stop the process, failing its test.
+        try {
+            op.run();
+        } catch (const std::exception& e) {
+            complain("a launch failed in the emulator: %s", e.what());
+            std::abort();
+        }
     }
 }
 

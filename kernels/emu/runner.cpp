@@ -108,9 +108,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: runner <job file>\n");
         return 2;
     }
+    std::string kernel;
     try {
         std::ifstream job(argv[1]);
-        std::string line, kernel;
+        std::string line;
         dim3 grid, block;
         std::vector<Arg> args;
         while (std::getline(job, line)) {
@@ -167,7 +168,7 @@ int main(int argc, char** argv) {
                 f.write(reinterpret_cast<const char*>(a.ptr()), (std::streamsize)a.size);
             }
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "runner: %s\n", e.what());
+        std::fprintf(stderr, "runner: %s: %s\n", kernel.empty() ? "(no kernel)" : kernel.c_str(), e.what());
         return 1;
     }
     return 0;

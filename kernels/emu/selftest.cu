@@ -90,8 +90,43 @@ extern "C" __global__ void selftest_shared_past_end(float* out) {
     out[blockIdx.x * 64 + t] = s[t + 1];
 }
 
+// Half the lanes shuffle at one call site, half at another: divergent *_sync calls.
+extern "C" __global__ void selftest_shuffle_divergent(float* out) {
+    const int t = threadIdx.x;
+    float v;
+    if (t & 1)
+        v = __shfl_xor_sync(0xffffffffu, (float)t, 2);
+    else
+        v = __shfl_xor_sync(0xffffffffu, (float)t, 2);
+    out[blockIdx.x * 64 + t] = v;
+}
+
+// The upper half of each warp has returned; the lower half reads from it.
+extern "C" __global__ void selftest_shuffle_from_exited(float* out) {
+    const int t = threadIdx.x;
+    if (t % 32 >= 16) return;
+    out[blockIdx.x * 64 + t] = __shfl_xor_sync(0xffffffffu, (float)t, 16);
+}
+
+// The fixed twin: every lane shuffles at one call site, with its neighbour.
+extern "C" __global__ void selftest_shuffle_uniform(float* out) {
+    const int t = threadIdx.x;
+    out[blockIdx.x * 64 + t] = __shfl_xor_sync(0xffffffffu, (float)t, 1);
+}
+
+// A warp-wide mma with one lane gone.
+extern "C" __global__ void selftest_mma_partial_warp(float* out) {
+    const int t = threadIdx.x;
+    if (t % 32 == 31) return;
+    float d[4] = {0, 0, 0, 0};
+    const unsigned a[4] = {0, 0, 0, 0};
+    mma_16816<false>(d, a, 0u, 0u);
+    out[blockIdx.x * 64 + t] = d[0];
+}
+
 #define SPARKD_EMU_SELFTEST_KERNELS(K)                                                    \
     K(selftest_shared_unsynced) K(selftest_shared_synced) K(selftest_shared_after_shuffle) \
     K(selftest_shared_write_after_read) K(selftest_cp_async_unwaited)                     \
     K(selftest_cp_async_waited) K(selftest_blocks_chained) K(selftest_global_past_end)    \
-    K(selftest_shared_past_end)
+    K(selftest_shared_past_end) K(selftest_shuffle_divergent) K(selftest_shuffle_from_exited)   \
+    K(selftest_shuffle_uniform) K(selftest_mma_partial_warp)

@@ -323,10 +323,15 @@ fn build_once(source: &str, output: &str, extra: &[&str]) -> Result<PathBuf, Emu
         return Ok(out_path);
     }
     std::fs::create_dir_all(dir.join("emu"))?;
+    // Each source through a temporary file and a rename: another thread or process
+    // building from this directory never compiles a half-written file.
     for (name, text) in &inputs {
-        std::fs::write(dir.join(name), text)?;
+        let path = dir.join(name);
+        let tmp = path.with_extension(format!("{}.tmp", unique_suffix()));
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &path)?;
     }
-    let tmp = dir.join(format!("{output}.{}.tmp", std::process::id()));
+    let tmp = dir.join(format!("{output}.{}.tmp", unique_suffix()));
     let out = Command::new(&cxx)
         .args(CXX_FLAGS)
         .args(extra)
@@ -342,4 +347,14 @@ fn build_once(source: &str, output: &str, extra: &[&str]) -> Result<PathBuf, Emu
     }
     std::fs::rename(&tmp, &out_path)?;
     Ok(out_path)
+}
+
+/// A name part no other thread or process uses at the same time.
+fn unique_suffix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }

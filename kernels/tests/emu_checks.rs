@@ -2,8 +2,9 @@
 //! the race checker (the runner under ThreadSanitizer, `SPARKD_EMU_CHECK=races`) must
 //! report every unordered shared-memory access, pass the same kernels with their
 //! barriers, and run blocks in the other order; the memory checker (AddressSanitizer,
-//! `SPARKD_EMU_CHECK=memory`) must report reads past a buffer or a shared array; and
-//! cp.async data must land only when waited for. Skips without a C++ compiler, or
+//! `SPARKD_EMU_CHECK=memory`) must report reads past a buffer or a shared array; every
+//! build must stop divergent or partial-warp shuffles and mma; and cp.async data must
+//! land only when waited for. Skips without a C++ compiler, or
 //! without a sanitizer unless `SPARKD_REQUIRE_EMU_CHECKS=1` (CI).
 
 mod common;
@@ -174,4 +175,34 @@ fn the_memory_checker_passes_kernels_that_stay_in_bounds() {
         run(&emu, "selftest_cp_async_waited", Some(&input())).unwrap(),
         neighbours()
     );
+}
+
+#[test]
+fn every_emulator_stops_warp_intrinsics_that_not_all_live_lanes_join() {
+    let builds = [plain(), race_checker(), memory_checker()];
+    for emu in builds.into_iter().flatten() {
+        for (kernel, finding) in [
+            (
+                "selftest_shuffle_divergent",
+                "lanes of one warp met at different warp exchanges",
+            ),
+            (
+                "selftest_shuffle_from_exited",
+                "reads lane 16, which does not take part",
+            ),
+            (
+                "selftest_mma_partial_warp",
+                "a warp-wide matrix instruction at",
+            ),
+        ] {
+            assert_reported(&emu, kernel, None, finding);
+        }
+        let across: Vec<f32> = (0..THREADS).map(|g| ((g % 64) ^ 1) as f32).collect();
+        assert_eq!(
+            run(&emu, "selftest_shuffle_uniform", None).unwrap(),
+            across,
+            "{:?}",
+            emu.check()
+        );
+    }
 }
