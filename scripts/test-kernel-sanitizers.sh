@@ -5,7 +5,7 @@
 #   races   ThreadSanitizer; each emulated GPU thread is a TSan fiber, only
 #           __syncthreads orders memory within a block, blocks run last to first;
 #   memory  AddressSanitizer; buffers allocated to their exact size, shared arrays
-#           with red zones.
+#           with red zones; and UBSan's alignment check (the GPU's misaligned address).
 # Each runs the checkers' self-tests (kernels written to break them must be reported,
 # their fixed twins must pass), every kernel's tests, and the CUDA backend's
 # whole-forward tests through the emulator. Fails (rather than skips) if a sanitizer is

@@ -14,8 +14,8 @@
 // test, as it can on a GPU; every live lane of a warp must join each warp exchange at
 // the same call site with the same mask that names it (divergent *_sync calls are
 // undefined on a GPU); a shuffle must read a lane that takes part; ldmatrix and mma
-// need the whole warp. A breach ends the launch with the thread, the call sites and
-// the masks.
+// need the whole warp; cp.async and ldmatrix addresses must be 16-byte aligned. A
+// breach ends the launch with the thread, the call sites and the masks.
 //
 // Built with -fsanitize=thread (src/emu.rs does, for SPARKD_EMU_CHECK=races), it is also
 // a shared-memory race checker: every emulated thread is a ThreadSanitizer fiber, fiber
@@ -67,9 +67,10 @@ extern "C" void __tsan_ignore_thread_begin();
 #define SPARKD_EMU_RACECHECK 0
 #define EMU_UNCHECKED
 #endif
-// Built with -fsanitize=address (SPARKD_EMU_CHECK=memory) it is a memory checker: a
-// kernel reading or writing past a buffer it was given (the job runner allocates each
-// one to its exact size) or past a `__shared__` array is reported with its stack.
+// Built with -fsanitize=address,alignment (SPARKD_EMU_CHECK=memory) it is a memory
+// checker: a kernel reading or writing past a buffer it was given (the job runner
+// allocates each one to its exact size) or past a `__shared__` array, or loading a type
+// from an address not aligned for it, is reported with its stack.
 #if defined(__SANITIZE_ADDRESS__)
 #define SPARKD_EMU_MEMCHECK 1
 #else
@@ -348,6 +349,8 @@ EMU_UNCHECKED static void complete(const AsyncCopy& c) {
     __builtin_memcpy(c.dst, bytes, 16);
 }
 EMU_UNCHECKED static void issue_copy(void* dst, const void* src, unsigned src_bytes) {
+    if ((uintptr_t)dst % 16 != 0 || (uintptr_t)src % 16 != 0)
+        fail("cp.async of 16 bytes with a source or destination not 16-byte aligned");
     cur_fiber->copies.push_back({dst, src, src_bytes});
 }
 EMU_UNCHECKED static void commit_copies() { cur_fiber->group_ends.push_back(cur_fiber->copies.size()); }
@@ -543,6 +546,7 @@ static inline void cp_async_wait() {
 // each matrix i, the 32-bit word l % 4 of row l / 4.
 static inline void ldmatrix_x4(unsigned (&r)[4], const void* p, emu_here here = emu_here::current()) {
     const emu::Site at = emu::site(here, 0xffffffffu, true);
+    if ((uintptr_t)p % 16 != 0) emu::fail("ldmatrix row address not 16-byte aligned at " + emu::describe(at));
     emu::publish(p, at);
     for (int i = 0; i < 4; ++i) {
         const unsigned char* row = (const unsigned char*)emu::read_slot<const void*>(8 * i + emu::cur_lane / 4);
@@ -555,6 +559,7 @@ static inline void ldmatrix_x4(unsigned (&r)[4], const void* p, emu_here here = 
 // l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1 of each matrix (the lower row in the low half).
 static inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* p, emu_here here = emu_here::current()) {
     const emu::Site at = emu::site(here, 0xffffffffu, true);
+    if ((uintptr_t)p % 16 != 0) emu::fail("ldmatrix row address not 16-byte aligned at " + emu::describe(at));
     emu::publish(p, at);
     const int col = emu::cur_lane / 4, row = 2 * (emu::cur_lane % 4);
     for (int i = 0; i < 4; ++i) {

@@ -124,9 +124,27 @@ extern "C" __global__ void selftest_mma_partial_warp(float* out) {
     out[blockIdx.x * 64 + t] = d[0];
 }
 
+// A float4 load one float past an aligned address (`in`: one float per thread and 3).
+extern "C" __global__ void selftest_misaligned_vector_load(const float* in, float* out) {
+    const int g = blockIdx.x * 64 + threadIdx.x;
+    const float4 v = *(const float4*)(in + 4 * (g / 4) + 1);
+    out[g] = v.x;
+}
+
+// cp.async from an address 4 bytes past a 16-byte boundary.
+extern "C" __global__ void selftest_cp_async_misaligned(const float* in, float* out) {
+    __shared__ __align__(16) float s[64 * 4];
+    const int t = threadIdx.x;
+    cp_async16(&s[4 * t], &in[4 * (blockIdx.x * 64 + t) + 1], 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+    out[blockIdx.x * 64 + t] = s[4 * t];
+}
+
 #define SPARKD_EMU_SELFTEST_KERNELS(K)                                                    \
     K(selftest_shared_unsynced) K(selftest_shared_synced) K(selftest_shared_after_shuffle) \
     K(selftest_shared_write_after_read) K(selftest_cp_async_unwaited)                     \
     K(selftest_cp_async_waited) K(selftest_blocks_chained) K(selftest_global_past_end)    \
     K(selftest_shared_past_end) K(selftest_shuffle_divergent) K(selftest_shuffle_from_exited)   \
-    K(selftest_shuffle_uniform) K(selftest_mma_partial_warp)
+    K(selftest_shuffle_uniform) K(selftest_mma_partial_warp) K(selftest_misaligned_vector_load)  \
+    K(selftest_cp_async_misaligned)

@@ -86,7 +86,8 @@ pub enum Check {
     None,
     /// Races between the threads of a block (ThreadSanitizer); blocks run last to first.
     Races,
-    /// Accesses outside a buffer or a shared array (AddressSanitizer).
+    /// Accesses outside a buffer or a shared array (AddressSanitizer), and loads or
+    /// stores at addresses their type's alignment forbids (UBSan).
     Memory,
 }
 
@@ -108,23 +109,34 @@ impl Check {
             Check::None => RunnerBuild {
                 file: "runner",
                 flags: &[],
-                env: None,
+                env: &[],
             },
             // Stop at the first race and fail the launch; no pause at exit (TSan waits
             // a second by default for other threads to finish).
             Check::Races => RunnerBuild {
                 file: "runner-races",
                 flags: &["-fsanitize=thread", "-g"],
-                env: Some((
+                env: &[(
                     "TSAN_OPTIONS",
                     "halt_on_error=1:exitcode=66:history_size=4:atexit_sleep_ms=0",
-                )),
+                )],
             },
-            // The fibers' stacks are the emulator's own mmaps: no leak check.
+            // With UBSan's alignment check: a load through a pointer the type does not
+            // fit (a float4 at an address that is not 16-byte aligned) is the GPU's
+            // "misaligned address". The fibers' stacks are the emulator's own mmaps: no
+            // leak check.
             Check::Memory => RunnerBuild {
                 file: "runner-memory",
-                flags: &["-fsanitize=address", "-fno-omit-frame-pointer", "-g"],
-                env: Some(("ASAN_OPTIONS", "detect_leaks=0:exitcode=66")),
+                flags: &[
+                    "-fsanitize=address,alignment",
+                    "-fno-sanitize-recover=alignment",
+                    "-fno-omit-frame-pointer",
+                    "-g",
+                ],
+                env: &[
+                    ("ASAN_OPTIONS", "detect_leaks=0:exitcode=66"),
+                    ("UBSAN_OPTIONS", "print_stacktrace=1"),
+                ],
             },
         }
     }
@@ -134,8 +146,8 @@ impl Check {
 struct RunnerBuild {
     file: &'static str,
     flags: &'static [&'static str],
-    /// The sanitizer's options: variable and value.
-    env: Option<(&'static str, &'static str)>,
+    /// The sanitizers' options: variables and values.
+    env: &'static [(&'static str, &'static str)],
 }
 
 static EMULATOR: OnceLock<Result<Emulator, KeptFailure>> = OnceLock::new();
@@ -218,9 +230,7 @@ impl Emulator {
         std::fs::write(&job_path, job)?;
         let mut command = Command::new(&self.exe);
         command.arg(&job_path);
-        if let Some((var, options)) = self.check.runner().env {
-            command.env(var, options);
-        }
+        command.envs(self.check.runner().env.iter().copied());
         let out = command.output()?;
         if !out.status.success() {
             return Err(EmuError::Launch {

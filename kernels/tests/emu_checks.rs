@@ -2,9 +2,10 @@
 //! the race checker (the runner under ThreadSanitizer, `SPARKD_EMU_CHECK=races`) must
 //! report every unordered shared-memory access, pass the same kernels with their
 //! barriers, and run blocks in the other order; the memory checker (AddressSanitizer,
-//! `SPARKD_EMU_CHECK=memory`) must report reads past a buffer or a shared array; every
-//! build must stop divergent or partial-warp shuffles and mma; and cp.async data must
-//! land only when waited for. Skips without a C++ compiler, or
+//! `SPARKD_EMU_CHECK=memory`) must report reads past a buffer or a shared array, and
+//! (with UBSan) loads at misaligned addresses; every build must stop divergent or
+//! partial-warp shuffles and mma and misaligned cp.async; and cp.async data must land
+//! only when waited for. Skips without a C++ compiler, or
 //! without a sanitizer unless `SPARKD_REQUIRE_EMU_CHECKS=1` (CI).
 
 mod common;
@@ -162,6 +163,13 @@ fn the_memory_checker_reports_reads_past_a_buffer_or_a_shared_array() {
         None,
         "AddressSanitizer: global-buffer-overflow",
     );
+    let padded: Vec<f32> = (0..THREADS + 3).map(|g| g as f32).collect();
+    assert_reported(
+        &emu,
+        "selftest_misaligned_vector_load",
+        Some(&padded),
+        "misaligned address",
+    );
 }
 
 #[test]
@@ -178,7 +186,7 @@ fn the_memory_checker_passes_kernels_that_stay_in_bounds() {
 }
 
 #[test]
-fn every_emulator_stops_warp_intrinsics_that_not_all_live_lanes_join() {
+fn every_emulator_stops_partial_warp_intrinsics_and_misaligned_copies() {
     let builds = [plain(), race_checker(), memory_checker()];
     for emu in builds.into_iter().flatten() {
         for (kernel, finding) in [
@@ -197,6 +205,12 @@ fn every_emulator_stops_warp_intrinsics_that_not_all_live_lanes_join() {
         ] {
             assert_reported(&emu, kernel, None, finding);
         }
+        assert_reported(
+            &emu,
+            "selftest_cp_async_misaligned",
+            Some(&input()),
+            "cp.async of 16 bytes with a source or destination not 16-byte aligned",
+        );
         let across: Vec<f32> = (0..THREADS).map(|g| ((g % 64) ^ 1) as f32).collect();
         assert_eq!(
             run(&emu, "selftest_shuffle_uniform", None).unwrap(),
