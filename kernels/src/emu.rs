@@ -5,8 +5,9 @@
 //!
 //! `SPARKD_EMU_CHECK` builds the runner with a sanitizer, and every launch is also a
 //! check (see `emu/cuda_emu.h`): `races` (ThreadSanitizer) for races between the
-//! threads of a block, `memory` (AddressSanitizer) for accesses past a buffer or a
-//! shared array. A finding fails the launch with the sanitizer's report and stacks.
+//! threads of a block, `memory` (AddressSanitizer and UBSan's alignment check) for
+//! accesses past a buffer or a shared array and loads at misaligned addresses. A
+//! finding fails the launch with the sanitizer's report and stacks.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -151,7 +152,6 @@ struct RunnerBuild {
 }
 
 static EMULATOR: OnceLock<Result<Emulator, KeptFailure>> = OnceLock::new();
-static JOBS: AtomicU64 = AtomicU64::new(0);
 
 /// `races` or `memory`: run every emulated launch under that check.
 pub const CHECK_ENV: &str = "SPARKD_EMU_CHECK";
@@ -188,8 +188,7 @@ impl Emulator {
         block: [u32; 3],
         args: &mut [Arg<'_>],
     ) -> Result<(), EmuError> {
-        let n = JOBS.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("sparkd-emu-job-{}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("sparkd-emu-job-{}", unique_suffix()));
         std::fs::create_dir_all(&dir)?;
         let result = self.run_job(&dir, kernel, grid, block, args);
         let _ = std::fs::remove_dir_all(&dir);

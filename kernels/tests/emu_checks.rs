@@ -5,8 +5,8 @@
 //! `SPARKD_EMU_CHECK=memory`) must report reads past a buffer or a shared array, and
 //! (with UBSan) loads at misaligned addresses; every build must stop divergent or
 //! partial-warp shuffles and mma and misaligned cp.async; and cp.async data must land
-//! only when waited for. Skips without a C++ compiler, or
-//! without a sanitizer unless `SPARKD_REQUIRE_EMU_CHECKS=1` (CI).
+//! only when waited for. Skips without a C++ compiler, or without a sanitizer unless
+//! `SPARKD_REQUIRE_EMU_CHECKS=1` (CI).
 
 mod common;
 
