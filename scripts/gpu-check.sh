@@ -56,7 +56,7 @@
 #   the benchmark at small sizes), for CI, where it runs through the stand-in
 #   CUDA driver (tests/tests/cuda_fake_driver.rs); its figures mean nothing.
 # Env: SPARKD (binary), SPARKD_GPU_CHECK_DIR (work dir, default ./gpu-check-work next to
-# this script; synthetic models are kept there and reused).
+# this script; synthetic models and the compiled kernels are kept there and reused).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -106,6 +106,9 @@ if [ -z "${SPARKD_NVRTC_LIB:-}" ]; then
   [ -n "$nvrtc" ] && export SPARKD_NVRTC_LIB="$nvrtc"
 fi
 mkdir -p "$WORK"
+# The compiled kernels are cached in the work dir, so only the first sparkd run pays
+# NVRTC (tens of seconds), whatever HOME is on the machine.
+export SPARKD_CACHE="${SPARKD_CACHE:-$WORK/cache}"
 LOG="$WORK/gpu-check.log"
 : > "$LOG"
 "$SPARKD" --help > "$WORK/help.txt" 2>&1 || true

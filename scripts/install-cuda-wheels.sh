@@ -3,9 +3,9 @@
 # into a cache directory, for compiling sparkd's kernels on a machine without a CUDA
 # toolkit (CI). Idempotent and quiet: a second run only prints the paths.
 #
-# Pinned to CUDA 13.0, the oldest 13.x: NVRTC 12.x cannot target sm_121 (GB10), and PTX
-# from a newer NVRTC than the driver's CUDA version does not load, so the CI check uses
-# the release that DGX Spark's driver ships.
+# Pinned to CUDA 13.0, the oldest 13.x: NVRTC 12.x cannot target sm_121 (GB10), and the
+# CI check uses the release that DGX Spark's driver ships. (sparkd loads SASS, so a
+# newer 13.x NVRTC also works with that driver.)
 #
 # Output (stdout), one `NAME=value` line each, ready for `eval`:
 #   SPARKD_NVRTC_LIB      the libnvrtc.so.13 to load

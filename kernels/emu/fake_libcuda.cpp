@@ -12,9 +12,11 @@
 //    (stream, event or context synchronize, a copy to host memory, a free), so a
 //    missing synchronisation reads stale data and an event not yet reached is
 //    CUDA_ERROR_NOT_READY;
-//  - a PTX module must target an architecture the device has (.target); a function is
-//    found only among its own module's entries, and only if the emulator has it; a
-//    launch must fit the device's grid and block limits and the entry's .maxntid;
+//  - a module is a cubin of SASS the device runs (its major version, minor version up
+//    to the device's); a function is found only among its own module's kernels, and
+//    only if the emulator has it, with as many parameters; a launch must fit the
+//    device's grid and block limits, the kernel's __launch_bounds__, 48 KiB of shared
+//    memory (static plus dynamic) and 64 Ki registers a block;
 //  - pointer arguments must point into live allocations, and copies stay inside them
 //    (stricter than a GPU, which would fault later or corrupt memory quietly);
 //  - during a stream capture (thread-local mode) a synchronising call, an allocation or
@@ -26,6 +28,8 @@
 // SPARKD_FAKE_CUDA_CC (default "9.0"), SPARKD_FAKE_CUDA_MEMORY_MIB (default 4096).
 // Problems are explained on stderr, prefixed "fake libcuda:".
 #include "kernels.h"
+
+#include <elf.h>
 
 #include <chrono>
 #include <cstdarg>
@@ -57,12 +61,13 @@ enum : CUresult {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
@@ -168,7 +173,9 @@ struct Event {
 
 struct Entry {
     int params = 0;
-    unsigned maxntid = 0;  // product of .maxntid, 0 when absent
+    unsigned maxntid = 0;  // threads allowed by __launch_bounds__, 0 when absent
+    unsigned registers = 0;     // per thread
+    size_t static_shared = 0;   // bytes, as the kernel declares them
 };
 
 struct Module {
@@ -282,49 +289,100 @@ void enqueue(Stream* s, std::function<void()> op) {
         s->queue.push_back(Op{std::move(op)});
 }
 
-// ---- PTX ----------------------------------------------------------------------------
+// ---- cubins -------------------------------------------------------------------------
+// What the real driver reads from a cubin's ELF: the SASS architecture (e_flags), the
+// kernels (one .nv.info.<name> section each, of attributes: EIATTR_KPARAM_INFO per
+// parameter, EIATTR_MAX_THREADS from __launch_bounds__), each kernel's registers
+// (EIATTR_REGCOUNT in .nv.info, by symbol) and static shared memory (.nv.shared.<name>,
+// which on sm_80+ includes the 1 KiB the system reserves per block).
 
-bool parse_ptx(const std::string& ptx, Module& m, std::string& err) {
-    const size_t target = ptx.find(".target");
-    if (target == std::string::npos) {
-        err = "no .target directive";
+constexpr uint8_t EIATTR_MAX_THREADS = 0x05, EIATTR_KPARAM_INFO = 0x17, EIATTR_REGCOUNT = 0x2f;
+constexpr uint8_t EIFMT_SVAL = 4;  // a u16 size and that many bytes follow; else 4 bytes in all
+constexpr size_t RESERVED_SHARED = 1024;
+
+bool parse_cubin(const unsigned char* image, Module& m, std::string& err) {
+    Elf64_Ehdr eh;
+    std::memcpy(&eh, image, sizeof eh);
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_machine != EM_CUDA) {
+        err = "not a 64-bit CUDA ELF image";
         return false;
     }
-    unsigned sm = 0;
-    if (std::sscanf(ptx.c_str() + target, ".target sm_%u", &sm) != 1) {
-        err = "unreadable .target";
+    // The driver takes a bare pointer; the image's extent comes from its own headers.
+    if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shstrndx >= eh.e_shnum) {
+        err = "malformed section headers";
         return false;
     }
-    const unsigned have = (unsigned)(drv().cc_major * 10 + drv().cc_minor);
-    if (sm > have) {
-        err = "PTX for sm_" + std::to_string(sm) + " on a device of compute capability " +
+    // CUDA 13's ELF ABI (version 8) keeps the SASS architecture in bits 8..16 of e_flags.
+    const unsigned sm = eh.e_ident[EI_ABIVERSION] >= 8 ? (eh.e_flags >> 8) & 0xff : eh.e_flags & 0xff;
+    // SASS runs on its own major version only, from its minor version up.
+    if (sm / 10 != (unsigned)drv().cc_major || sm % 10 > (unsigned)drv().cc_minor) {
+        err = "SASS for sm_" + std::to_string(sm) + " on a device of compute capability " +
               std::to_string(drv().cc_major) + "." + std::to_string(drv().cc_minor);
         return false;
     }
-    size_t at = 0;
-    while ((at = ptx.find(".entry", at)) != std::string::npos) {
-        at += 6;
-        size_t b = ptx.find_first_not_of(" \t", at);
-        size_t e = ptx.find_first_of("( \t\n", b);
-        if (b == std::string::npos || e == std::string::npos) break;
-        const std::string name = ptx.substr(b, e - b);
-        const size_t close = ptx.find(')', e);
-        const size_t body = ptx.find('{', e);
-        if (close == std::string::npos || body == std::string::npos) {
-            err = "malformed entry " + name;
+    std::vector<Elf64_Shdr> sh(eh.e_shnum);
+    std::memcpy(sh.data(), image + eh.e_shoff, sh.size() * sizeof(Elf64_Shdr));
+    const char* names = reinterpret_cast<const char*>(image + sh[eh.e_shstrndx].sh_offset);
+    auto name_of = [&](const Elf64_Shdr& h) { return std::string(names + h.sh_name); };
+    // Attribute records of one .nv.info section: (attribute, payload, payload size).
+    auto records = [&](const Elf64_Shdr& h, auto&& visit) {
+        const unsigned char* p = image + h.sh_offset;
+        const unsigned char* end = p + h.sh_size;
+        while (p + 4 <= end) {
+            const uint8_t fmt = p[0], attr = p[1];
+            uint16_t size;
+            std::memcpy(&size, p + 2, 2);
+            const bool sval = fmt == EIFMT_SVAL;
+            visit(attr, p + 4, sval ? size : 0);
+            p += 4 + (sval ? size : 0);
+        }
+    };
+    std::map<std::string, size_t> shared;
+    for (const auto& h : sh) {
+        const std::string n = name_of(h);
+        if (n.rfind(".nv.shared.", 0) == 0) shared[n.substr(11)] = h.sh_size;
+        if (n.rfind(".nv.info.", 0) != 0) continue;
+        Entry e;
+        records(h, [&](uint8_t attr, const unsigned char* v, size_t size) {
+            if (attr == EIATTR_KPARAM_INFO) ++e.params;
+            if (attr == EIATTR_MAX_THREADS && size >= 12) {
+                uint32_t t[3];
+                std::memcpy(t, v, 12);
+                e.maxntid = t[0] * t[1] * t[2];
+            }
+        });
+        m.entries[n.substr(9)] = e;
+    }
+    for (auto& [name, e] : m.entries) {
+        const auto it = shared.find(name);
+        if (it != shared.end()) e.static_shared = it->second > RESERVED_SHARED ? it->second - RESERVED_SHARED : 0;
+    }
+    // Registers are per symbol, in the module-wide .nv.info.
+    for (const auto& h : sh) {
+        if (name_of(h) != ".nv.info" || h.sh_link >= sh.size()) continue;
+        const Elf64_Shdr& symtab = sh[h.sh_link];
+        const Elf64_Shdr& strtab = sh[symtab.sh_link < sh.size() ? symtab.sh_link : 0];
+        const size_t nsyms = symtab.sh_size / sizeof(Elf64_Sym);
+        records(h, [&](uint8_t attr, const unsigned char* v, size_t size) {
+            if (attr != EIATTR_REGCOUNT || size < 8) return;
+            uint32_t sym_regs[2];
+            std::memcpy(sym_regs, v, 8);
+            if (sym_regs[0] >= nsyms) return;
+            Elf64_Sym sym;
+            std::memcpy(&sym, image + symtab.sh_offset + sym_regs[0] * sizeof(Elf64_Sym), sizeof sym);
+            const auto it = m.entries.find(reinterpret_cast<const char*>(image + strtab.sh_offset + sym.st_name));
+            if (it != m.entries.end()) it->second.registers = sym_regs[1];
+        });
+    }
+    if (m.entries.empty()) {
+        err = "no kernels in the image";
+        return false;
+    }
+    for (const auto& [name, e] : m.entries) {
+        if (e.registers == 0) {
+            err = "no register count for " + name;
             return false;
         }
-        Entry entry;
-        for (size_t p = ptx.find(".param", e); p != std::string::npos && p < close; p = ptx.find(".param", p + 6))
-            ++entry.params;
-        const size_t ntid = ptx.find(".maxntid", close);
-        if (ntid != std::string::npos && ntid < body) {
-            unsigned x = 1, y = 1, z = 1;
-            std::sscanf(ptx.c_str() + ntid, ".maxntid %u, %u, %u", &x, &y, &z);
-            entry.maxntid = x * y * z;
-        }
-        m.entries[name] = entry;
-        at = body;
     }
     return true;
 }
@@ -343,12 +401,13 @@ FAKE_API CUresult cuGetErrorName(CUresult e, const char** out) {
         {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE"},
         {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE"},
         {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT"},
-        {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX"},
+        {CUDA_ERROR_NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU"},
         {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"},
         {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE"},
         {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND"},
         {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY"},
         {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS"},
+        {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"},
         {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED"},
         {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
         {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
@@ -736,12 +795,17 @@ FAKE_API CUresult cuEventElapsedTime_v2(float* ms, void* start, void* end) { ret
 
 FAKE_API CUresult cuModuleLoadData(void** out, const void* image) {
     NEED_CTX();
+    // sparkd loads SASS only (see kernels/src/compile.rs); PTX here is a mistake.
+    if (std::memcmp(image, ELFMAG, SELFMAG) != 0) {
+        complain("cuModuleLoadData: not a cubin (sparkd loads SASS, not PTX)");
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
     auto* m = new Module();
     std::string err;
-    if (!parse_ptx(static_cast<const char*>(image), *m, err)) {
+    if (!parse_cubin(static_cast<const unsigned char*>(image), *m, err)) {
         complain("cuModuleLoadData: %s", err.c_str());
         delete m;
-        return CUDA_ERROR_INVALID_PTX;
+        return err.rfind("SASS for", 0) == 0 ? CUDA_ERROR_NO_BINARY_FOR_GPU : CUDA_ERROR_INVALID_IMAGE;
     }
     drv().modules.insert(m);
     *out = m;
@@ -771,7 +835,7 @@ FAKE_API CUresult cuModuleGetFunction(void** out, void* module, const char* name
         return CUDA_ERROR_NOT_FOUND;
     }
     if (k->second.arity != entry->second.params) {
-        complain("cuModuleGetFunction: %s takes %d parameters in PTX, %d in the emulator", name,
+        complain("cuModuleGetFunction: %s takes %d parameters in SASS, %d in the emulator", name,
                  entry->second.params, k->second.arity);
         return CUDA_ERROR_INVALID_IMAGE;
     }
@@ -794,12 +858,20 @@ FAKE_API CUresult cuLaunchKernel(void* func, unsigned gx, unsigned gy, unsigned 
     else if (gx == 0 || gy == 0 || gz == 0 || threads == 0) bad = "an empty grid or block";
     else if (gy > 65535 || gz > 65535 || gx > 2147483647u) bad = "a grid past the device's limits";
     else if (bx > 1024 || by > 1024 || bz > 64 || threads > 1024) bad = "a block past the device's limits";
-    else if (f->entry.maxntid != 0 && threads > f->entry.maxntid) bad = "a block larger than the kernel's .maxntid";
-    else if (shared > 49152) bad = "more dynamic shared memory than a block gets without opting in";
+    else if (f->entry.maxntid != 0 && threads > f->entry.maxntid) bad = "a block larger than the kernel's __launch_bounds__";
+    else if (f->entry.static_shared + shared > 49152) bad = "more shared memory than a block gets without opting in";
     if (bad != nullptr) {
         complain("cuLaunchKernel(%s, grid %u,%u,%u, block %u,%u,%u): %s", f->name.c_str(), gx, gy, gz, bx, by,
                  bz, bad);
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    // Registers are allocated per warp in units of 256, from 64 Ki per block.
+    const unsigned long long warps = (threads + 31) / 32;
+    const unsigned long long per_warp = (f->entry.registers * 32ull + 255) / 256 * 256;
+    if (warps * per_warp > 65536) {
+        complain("cuLaunchKernel(%s, block %u,%u,%u): too many resources requested for launch (%u registers a "
+                 "thread)", f->name.c_str(), bx, by, bz, f->entry.registers);
+        return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
     }
     std::function<void()> run;
     std::string err;

@@ -9,9 +9,9 @@ use crate::KernelError;
 /// `ldmatrix` and `mma.sync` m16n8k16 with bf16, all sm_80+.
 pub const MIN_SM: u32 = 80;
 
-/// A virtual GPU architecture, e.g. 90 for Hopper or 121 for GB10. Kernels are compiled
-/// to PTX for `compute_NN`, which the driver JIT-compiles for the actual device, so the
-/// same PTX also runs on newer GPUs.
+/// A GPU architecture, e.g. 90 for Hopper or 121 for GB10. Kernels are compiled to SASS
+/// for the running device's own `sm_NN` (see `compile`), so the driver JIT-compiles
+/// nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Arch {
     sm: u32,
@@ -39,9 +39,9 @@ impl Arch {
         self.sm
     }
 
-    /// The NVRTC `--gpu-architecture` value: PTX for the virtual architecture.
+    /// The NVRTC `--gpu-architecture` value: SASS for the real architecture.
     pub fn nvrtc_target(self) -> String {
-        format!("compute_{}", self.sm)
+        format!("sm_{}", self.sm)
     }
 }
 
@@ -78,8 +78,8 @@ mod tests {
         assert_eq!("sm_90".parse::<Arch>().unwrap().sm(), 90);
         assert_eq!("compute_121".parse::<Arch>().unwrap().sm(), 121);
         assert_eq!(
-            "sm_121".parse::<Arch>().unwrap().nvrtc_target(),
-            "compute_121"
+            "compute_121".parse::<Arch>().unwrap().nvrtc_target(),
+            "sm_121"
         );
         assert_eq!(Arch::from_capability(12, 1).unwrap().to_string(), "sm_121");
         assert_eq!(Arch::from_capability(9, 0).unwrap().to_string(), "sm_90");

@@ -1,31 +1,33 @@
-//! The on-disk PTX cache: compiling every module takes NVRTC seconds, so PTX is kept
-//! under `~/.cache/sparkd/ptx/`, keyed by everything that determines it (expanded source,
-//! architecture, options, NVRTC version).
+//! The on-disk kernel cache: compiling every module takes NVRTC tens of seconds, so the
+//! cubins are kept under `~/.cache/sparkd/kernels/`, keyed by everything that determines
+//! them (expanded source, architecture, options, NVRTC version).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
 use crate::nvrtc::NvrtcVersion;
 use crate::Arch;
 
-/// Overrides the cache root (`$SPARKD_CACHE/ptx`), as the wheel installer does.
+/// Overrides the cache root (`$SPARKD_CACHE/kernels`), as the wheel installer and the
+/// systemd unit do.
 pub const CACHE_ENV: &str = "SPARKD_CACHE";
 
-/// A directory of cached PTX files.
+/// A directory of cached cubins.
 #[derive(Debug, Clone)]
-pub struct PtxCache {
+pub struct KernelCache {
     dir: PathBuf,
 }
 
-impl PtxCache {
+impl KernelCache {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        PtxCache { dir: dir.into() }
+        KernelCache { dir: dir.into() }
     }
 
-    /// `$SPARKD_CACHE/ptx`, else `$XDG_CACHE_HOME/sparkd/ptx`, else `~/.cache/sparkd/ptx`;
-    /// `None` when none of those variables is set.
+    /// `$SPARKD_CACHE/kernels`, else `$XDG_CACHE_HOME/sparkd/kernels`, else
+    /// `~/.cache/sparkd/kernels`; `None` when none of those variables is set.
     pub fn default_dir() -> Option<PathBuf> {
         let var = |k: &str| {
             std::env::var_os(k)
@@ -35,7 +37,7 @@ impl PtxCache {
         var(CACHE_ENV)
             .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("sparkd")))
             .or_else(|| var("HOME").map(|h| h.join(".cache").join("sparkd")))
-            .map(|d| d.join("ptx"))
+            .map(|d| d.join("kernels"))
     }
 
     pub fn dir(&self) -> &Path {
@@ -62,37 +64,36 @@ impl PtxCache {
     fn path(&self, module: &str, arch: Arch, key: &str) -> PathBuf {
         let stem = module.strip_suffix(".cu").unwrap_or(module);
         self.dir
-            .join(format!("{stem}.{arch}.{}.ptx", &key[..key.len().min(32)]))
+            .join(format!("{stem}.{arch}.{}.cubin", &key[..key.len().min(32)]))
     }
 
-    /// Cached PTX for the key, if present and plausible (a truncated file from a crash
-    /// is treated as a miss).
-    pub fn load(&self, module: &str, arch: Arch, key: &str) -> Option<String> {
-        let text = std::fs::read_to_string(self.path(module, arch, key)).ok()?;
-        looks_like_ptx(&text).then_some(text)
+    /// The cached image for the key, if any. The caller checks that it is a whole cubin
+    /// for the architecture (`KernelImage::new`) before handing it to the driver.
+    pub fn load(&self, module: &str, arch: Arch, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.path(module, arch, key)).ok()
     }
 
-    /// Stores PTX atomically (temporary file, then rename), so readers never see a
+    /// Stores an image atomically (temporary file, then rename), so readers never see a
     /// partial file.
-    pub fn store(&self, module: &str, arch: Arch, key: &str, ptx: &str) -> std::io::Result<()> {
+    pub fn store(&self, module: &str, arch: Arch, key: &str, image: &[u8]) -> std::io::Result<()> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(&self.dir)?;
         let dest = self.path(module, arch, key);
-        let tmp = self
-            .dir
-            .join(format!(".{}.{}.tmp", module, std::process::id()));
+        // Unique per process and call: two compilers in one process may store the same
+        // module at once.
+        let tmp = self.dir.join(format!(
+            ".{module}.{}-{}.tmp",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(ptx.as_bytes())?;
+        f.write_all(image)?;
         f.sync_all()?;
         drop(f);
         std::fs::rename(&tmp, &dest).inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
         })
     }
-}
-
-/// NVRTC's PTX names its target and ends its last entry; anything else is damaged.
-fn looks_like_ptx(text: &str) -> bool {
-    text.contains(".target ") && text.contains(".version ") && text.trim_end().ends_with('}')
 }
 
 #[cfg(test)]
@@ -108,33 +109,32 @@ mod tests {
         let a90: Arch = "sm_90".parse().unwrap();
         let a121: Arch = "sm_121".parse().unwrap();
         let opts = vec!["--std=c++17".to_string()];
-        let base = PtxCache::key("src", a90, &opts, v(13, 0));
-        assert_eq!(base, PtxCache::key("src", a90, &opts, v(13, 0)));
+        let base = KernelCache::key("src", a90, &opts, v(13, 0));
+        assert_eq!(base, KernelCache::key("src", a90, &opts, v(13, 0)));
         assert_eq!(base.len(), 64);
-        assert_ne!(base, PtxCache::key("src ", a90, &opts, v(13, 0)));
-        assert_ne!(base, PtxCache::key("src", a121, &opts, v(13, 0)));
-        assert_ne!(base, PtxCache::key("src", a90, &opts, v(13, 1)));
-        assert_ne!(base, PtxCache::key("src", a90, &[], v(13, 0)));
+        assert_ne!(base, KernelCache::key("src ", a90, &opts, v(13, 0)));
+        assert_ne!(base, KernelCache::key("src", a121, &opts, v(13, 0)));
+        assert_ne!(base, KernelCache::key("src", a90, &opts, v(13, 1)));
+        assert_ne!(base, KernelCache::key("src", a90, &[], v(13, 0)));
         // Field boundaries matter: ["ab"] and ["a", "b"] differ.
-        let ab = PtxCache::key("s", a90, &["ab".into()], v(13, 0));
-        let a_b = PtxCache::key("s", a90, &["a".into(), "b".into()], v(13, 0));
+        let ab = KernelCache::key("s", a90, &["ab".into()], v(13, 0));
+        let a_b = KernelCache::key("s", a90, &["a".into(), "b".into()], v(13, 0));
         assert_ne!(ab, a_b);
     }
 
     #[test]
-    fn stores_and_loads_and_rejects_damaged_files() {
-        let dir = std::env::temp_dir().join(format!("sparkd-ptx-cache-{}", std::process::id()));
-        let cache = PtxCache::new(&dir);
+    fn stores_and_loads_without_leaving_temporary_files() {
+        let dir = std::env::temp_dir().join(format!("sparkd-kernel-cache-{}", std::process::id()));
+        let cache = KernelCache::new(&dir);
         let arch: Arch = "sm_90".parse().unwrap();
-        let key = PtxCache::key("x", arch, &[], v(13, 0));
+        let key = KernelCache::key("x", arch, &[], v(13, 0));
         assert_eq!(cache.load("m.cu", arch, &key), None);
-        let ptx = "//\n.version 9.0\n.target sm_90\n.visible .entry k()\n{\n}\n";
-        cache.store("m.cu", arch, &key, ptx).unwrap();
-        assert_eq!(cache.load("m.cu", arch, &key).as_deref(), Some(ptx));
-        // Truncated file: a miss, not garbage handed to the driver.
-        let path = cache.path("m.cu", arch, &key);
-        std::fs::write(&path, &ptx[..20]).unwrap();
-        assert_eq!(cache.load("m.cu", arch, &key), None);
+        let image = b"\x7fELF not really".to_vec();
+        cache.store("m.cu", arch, &key, &image).unwrap();
+        cache.store("m.cu", arch, &key, &image).unwrap();
+        assert_eq!(cache.load("m.cu", arch, &key), Some(image));
+        let other = KernelCache::key("x", "sm_121".parse().unwrap(), &[], v(13, 0));
+        assert_eq!(cache.load("m.cu", arch, &other), None);
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(left.len(), 1, "no temporary files left behind");

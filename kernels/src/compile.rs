@@ -1,8 +1,15 @@
-//! Compiling the modules for an architecture, through the PTX cache.
+//! Compiling the modules for an architecture, through the kernel cache.
+//!
+//! Each module is compiled to SASS for the device's own `sm_NN` (a cubin), not to PTX
+//! for the driver to JIT. So nothing is JIT-compiled at start (the driver's JIT cache is
+//! often unusable for a system service), and NVRTC may be newer than the driver within
+//! one CUDA major version: CUDA's minor-version compatibility covers SASS, while PTX
+//! from a newer NVRTC does not load.
 
 use std::path::PathBuf;
 
-use crate::cache::PtxCache;
+use crate::cache::KernelCache;
+use crate::cubin;
 use crate::nvrtc::{self, NvrtcVersion};
 use crate::sources::{self, SOURCES};
 use crate::{Arch, KernelError};
@@ -11,15 +18,38 @@ use crate::{Arch, KernelError};
 /// for experiments with CUDA headers).
 pub const INCLUDE_ENV: &str = "SPARKD_CUDA_INCLUDE";
 
-/// PTX of one module for one architecture.
+/// One module compiled to SASS for one architecture: the cubin the driver loads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ptx {
+pub struct KernelImage {
     module: &'static str,
     arch: Arch,
-    text: String,
+    cubin: Vec<u8>,
+    entries: Vec<String>,
 }
 
-impl Ptx {
+impl KernelImage {
+    /// Checks that `cubin` is a cubin for `arch` and reads its kernels' names.
+    pub fn new(module: &'static str, arch: Arch, cubin: Vec<u8>) -> Result<Self, KernelError> {
+        let bad = |reason: String| KernelError::BadImage {
+            module: module.to_string(),
+            arch: arch.to_string(),
+            reason,
+        };
+        let info = cubin::inspect(&cubin).map_err(|e| bad(e.to_string()))?;
+        if info.sm != arch.sm() {
+            return Err(bad(format!("SASS for sm_{}", info.sm)));
+        }
+        if info.entries.is_empty() {
+            return Err(bad("no kernels".into()));
+        }
+        Ok(KernelImage {
+            module,
+            arch,
+            cubin,
+            entries: info.entries,
+        })
+    }
+
     /// The module's file name, e.g. `"matvec.cu"`.
     pub fn module(&self) -> &'static str {
         self.module
@@ -29,58 +59,48 @@ impl Ptx {
         self.arch
     }
 
-    pub fn text(&self) -> &str {
-        &self.text
+    /// The ELF image, for `cuModuleLoadData`.
+    pub fn cubin(&self) -> &[u8] {
+        &self.cubin
     }
 
-    /// The kernels this PTX defines (`.entry` names), in order.
-    pub fn entry_points(&self) -> Vec<&str> {
-        self.text
-            .lines()
-            .filter_map(|l| {
-                let l = l.trim_start();
-                let rest = l
-                    .strip_prefix(".visible .entry ")
-                    .or_else(|| l.strip_prefix(".entry "))?;
-                rest.split(|c: char| c == '(' || c.is_whitespace()).next()
-            })
-            .collect()
-    }
-
-    /// For cudarc's module loader.
-    pub fn to_cudarc(&self) -> cudarc::nvrtc::Ptx {
-        cudarc::nvrtc::Ptx::from_src(self.text.clone())
+    /// The kernels this image defines.
+    pub fn entry_points(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(String::as_str)
     }
 }
 
 /// The result of compiling one module.
 #[derive(Debug, Clone)]
 pub struct Compiled {
-    pub ptx: Ptx,
-    /// NVRTC's diagnostics (warnings); empty when the source compiled cleanly or the PTX
-    /// came from the cache.
+    pub image: KernelImage,
+    /// The PTX NVRTC went through, for tests that inspect the code; `None` when the
+    /// image came from the cache.
+    pub ptx: Option<String>,
+    /// NVRTC's diagnostics (warnings); empty when the source compiled cleanly or the
+    /// image came from the cache.
     pub log: String,
     pub from_cache: bool,
 }
 
 /// Every module compiled for one architecture.
 #[derive(Debug, Clone)]
-pub struct PtxSet {
+pub struct KernelSet {
     pub arch: Arch,
     pub nvrtc: NvrtcVersion,
-    pub modules: Vec<Ptx>,
+    pub modules: Vec<KernelImage>,
 }
 
-impl PtxSet {
-    pub fn get(&self, module: &str) -> Option<&Ptx> {
+impl KernelSet {
+    pub fn get(&self, module: &str) -> Option<&KernelImage> {
         self.modules.iter().find(|p| p.module == module)
     }
 
     /// The module that defines kernel `entry`.
-    pub fn module_of(&self, entry: &str) -> Option<&Ptx> {
+    pub fn module_of(&self, entry: &str) -> Option<&KernelImage> {
         self.modules
             .iter()
-            .find(|p| p.entry_points().contains(&entry))
+            .find(|p| p.entry_points().any(|e| e == entry))
     }
 }
 
@@ -88,7 +108,7 @@ impl PtxSet {
 #[derive(Debug, Clone)]
 pub struct Compiler {
     include_dirs: Vec<PathBuf>,
-    cache: Option<PtxCache>,
+    cache: Option<KernelCache>,
 }
 
 impl Default for Compiler {
@@ -109,7 +129,7 @@ impl Compiler {
             .unwrap_or_default();
         Compiler {
             include_dirs,
-            cache: PtxCache::default_dir().map(PtxCache::new),
+            cache: KernelCache::default_dir().map(KernelCache::new),
         }
     }
 
@@ -119,7 +139,7 @@ impl Compiler {
         self
     }
 
-    pub fn with_cache(mut self, cache: PtxCache) -> Self {
+    pub fn with_cache(mut self, cache: KernelCache) -> Self {
         self.cache = Some(cache);
         self
     }
@@ -150,43 +170,50 @@ impl Compiler {
         let version = nvrtc::load()?;
         let source = sources::expand(name)?;
         let options = self.options(arch);
-        let key = PtxCache::key(&source, arch, &options, version);
-        if let Some(text) = self.cache.as_ref().and_then(|c| c.load(name, arch, &key)) {
-            return Ok(Compiled {
-                ptx: Ptx {
-                    module: name,
-                    arch,
-                    text,
-                },
-                log: String::new(),
-                from_cache: true,
-            });
+        let key = KernelCache::key(&source, arch, &options, version);
+        if let Some(cache) = &self.cache {
+            if let Some(bytes) = cache.load(name, arch, &key) {
+                // A file that is not a whole cubin for this arch is recompiled over.
+                match KernelImage::new(name, arch, bytes) {
+                    Ok(image) => {
+                        return Ok(Compiled {
+                            image,
+                            ptx: None,
+                            log: String::new(),
+                            from_cache: true,
+                        })
+                    }
+                    Err(e) => tracing::warn!(error = %e, "damaged cache entry; compiling again"),
+                }
+            }
         }
         let out = nvrtc::compile(name, &arch.to_string(), &source, &options)?;
+        let image = KernelImage::new(name, arch, out.cubin)?;
         if let Some(cache) = &self.cache {
             // A read-only or full disk costs a recompile next time, nothing more.
-            if let Err(e) = cache.store(name, arch, &key, &out.ptx) {
-                tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot cache PTX");
+            if let Err(e) = cache.store(name, arch, &key, image.cubin()) {
+                tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot cache kernels");
             }
         }
         if !out.log.is_empty() {
             tracing::warn!(module = name, %arch, log = %out.log, "NVRTC diagnostics");
         }
         Ok(Compiled {
-            ptx: Ptx {
-                module: name,
-                arch,
-                text: out.ptx,
-            },
+            image,
+            ptx: Some(out.ptx),
             log: out.log,
             from_cache: false,
         })
     }
 
-    /// ptxas's resource report for `module` (registers, shared memory, stack frames and
-    /// spills per kernel): compiles to SASS for the real `sm_NN` with `-v`. A diagnostic
-    /// for tests and tuning; the runtime path loads PTX.
-    pub fn ptxas_report(&self, module: &str, arch: Arch) -> Result<String, KernelError> {
+    /// Compiles `module` past the cache with ptxas's resource report (registers, shared
+    /// memory, stack frames and spills per kernel) in the log, after any diagnostics.
+    /// For tests and tuning.
+    pub fn compile_reporting_resources(
+        &self,
+        module: &str,
+        arch: Arch,
+    ) -> Result<Compiled, KernelError> {
         let name = SOURCES
             .iter()
             .map(|(n, _)| *n)
@@ -194,13 +221,18 @@ impl Compiler {
             .ok_or_else(|| KernelError::UnknownModule(module.to_string()))?;
         let source = sources::expand(name)?;
         let mut options = self.options(arch);
-        options[0] = format!("--gpu-architecture={arch}");
         options.push("--ptxas-options=-v".to_string());
-        Ok(nvrtc::compile(name, &arch.to_string(), &source, &options)?.log)
+        let out = nvrtc::compile(name, &arch.to_string(), &source, &options)?;
+        Ok(Compiled {
+            image: KernelImage::new(name, arch, out.cubin)?,
+            ptx: Some(out.ptx),
+            log: out.log,
+            from_cache: false,
+        })
     }
 
     /// Every module for `arch`.
-    pub fn compile_all(&self, arch: Arch) -> Result<PtxSet, KernelError> {
+    pub fn compile_all(&self, arch: Arch) -> Result<KernelSet, KernelError> {
         let nvrtc = nvrtc::load()?;
         // One thread per module: a cold start (a new machine, a new NVRTC) compiles
         // them all, the mat-vec's 88 kernels the longest, and NVRTC programs are
@@ -224,9 +256,9 @@ impl Compiler {
         });
         let modules = compiled
             .into_iter()
-            .map(|c| c.map(|c| c.ptx))
+            .map(|c| c.map(|c| c.image))
             .collect::<Result<_, _>>()?;
-        Ok(PtxSet {
+        Ok(KernelSet {
             arch,
             nvrtc,
             modules,
@@ -235,7 +267,7 @@ impl Compiler {
 }
 
 /// Every module compiled for `arch` (e.g. `"sm_121"`), through the default cache.
-pub fn compile(arch: &str) -> Result<PtxSet, KernelError> {
+pub fn compile(arch: &str) -> Result<KernelSet, KernelError> {
     Compiler::new().compile_all(arch.parse()?)
 }
 
@@ -244,25 +276,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn entry_points_are_read_from_ptx() {
-        let ptx = Ptx {
-            module: "m.cu",
-            arch: "sm_90".parse().unwrap(),
-            text: "\t// .globl\tfoo\n.visible .entry foo(\n\t.param .u64 a\n)\n{\n}\n\
-                   .visible .entry bar_b8()\n{\n}\n.func helper()\n"
-                .into(),
-        };
-        assert_eq!(ptx.entry_points(), vec!["foo", "bar_b8"]);
-    }
-
-    #[test]
-    fn options_name_the_virtual_architecture_and_include_dirs() {
+    fn options_name_the_real_architecture_and_include_dirs() {
         let c = Compiler {
             include_dirs: vec![PathBuf::from("/opt/cuda/include")],
             cache: None,
         };
         let o = c.options("sm_121".parse().unwrap());
-        assert!(o.contains(&"--gpu-architecture=compute_121".to_string()));
+        assert!(o.contains(&"--gpu-architecture=sm_121".to_string()));
         assert!(o.contains(&"--include-path=/opt/cuda/include".to_string()));
     }
 
@@ -310,5 +330,35 @@ mod tests {
         eprintln!("LOG<<{}>>", out.log);
         assert!(out.log.contains("warn.cu(2)"), "{}", out.log);
         assert!(out.ptx.contains(".entry k("));
+    }
+
+    #[test]
+    fn the_image_is_sass_for_the_real_architecture_and_names_every_kernel() {
+        if let Err(e) = nvrtc::load() {
+            eprintln!("skipping: NVRTC not found (run scripts/install-cuda-wheels.sh): {e}");
+            return;
+        }
+        let src = "extern \"C\" __global__ void first(float* x) { x[0] = 1.0f; }\n\
+                   static __device__ __noinline__ float helper(float v) { return v * v; }\n\
+                   extern \"C\" __global__ void second(float* x) { x[1] = helper(x[2]); }\n";
+        for arch in ["sm_90", "sm_121"] {
+            let arch: Arch = arch.parse().unwrap();
+            let out = nvrtc::compile("two.cu", "t", src, &Compiler::new().options(arch)).unwrap();
+            let image = KernelImage::new("two.cu", arch, out.cubin.clone()).unwrap();
+            let mut names: Vec<&str> = image.entry_points().collect();
+            names.sort();
+            assert_eq!(names, ["first", "second"], "{arch}");
+            // Not for another architecture, and not when cut short.
+            let other: Arch = if arch.sm() == 90 { "sm_121" } else { "sm_90" }
+                .parse()
+                .unwrap();
+            let err = KernelImage::new("two.cu", other, out.cubin.clone()).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("SASS for {arch}")),
+                "{err}"
+            );
+            let cut = out.cubin[..out.cubin.len() / 2].to_vec();
+            assert!(KernelImage::new("two.cu", arch, cut).is_err());
+        }
     }
 }

@@ -26,6 +26,12 @@ pub enum KernelError {
     NulByte { module: String, what: &'static str },
     #[error("NVRTC {call} failed: {code}")]
     Nvrtc { call: &'static str, code: String },
+    #[error("{module} for {arch}: NVRTC's output is unusable: {reason}")]
+    BadImage {
+        module: String,
+        arch: String,
+        reason: String,
+    },
     #[error("{module} does not compile for {arch}:\n{log}")]
     Compile {
         module: String,

@@ -1,5 +1,6 @@
 //! sparkd's CUDA kernels: the `.cu` sources (embedded at build time) and their
-//! compilation to PTX at run time with NVRTC, cached on disk.
+//! compilation at run time with NVRTC to SASS for the device's architecture (cubins),
+//! cached on disk.
 //!
 //! Nothing here needs CUDA to build: NVRTC is loaded dynamically on first use, and its
 //! absence is an ordinary [`KernelError`], so a machine without a GPU stack runs the CPU
@@ -9,6 +10,7 @@ mod arch;
 mod cache;
 mod compile;
 pub mod consts;
+mod cubin;
 pub mod emu;
 mod error;
 pub mod names;
@@ -16,8 +18,8 @@ mod nvrtc;
 mod sources;
 
 pub use arch::{Arch, MIN_SM};
-pub use cache::{PtxCache, CACHE_ENV};
-pub use compile::{compile, Compiled, Compiler, Ptx, PtxSet, INCLUDE_ENV};
+pub use cache::{KernelCache, CACHE_ENV};
+pub use compile::{compile, Compiled, Compiler, KernelImage, KernelSet, INCLUDE_ENV};
 pub use error::KernelError;
 pub use nvrtc::{load as load_nvrtc, NvrtcVersion, NVRTC_LIB_ENV};
 pub use sources::{expand, source, HEADERS, SOURCES};

@@ -1,5 +1,5 @@
 //! The only code that touches NVRTC: finding the library without panicking, and
-//! compiling one translation unit to PTX along with NVRTC's log.
+//! compiling one translation unit to SASS (a cubin) and PTX along with NVRTC's log.
 //!
 //! cudarc loads `libnvrtc` lazily by name and panics when it is missing, so every entry
 //! point here first goes through [`load`], which checks with cudarc's own probe
@@ -120,10 +120,13 @@ fn builtins_beside(lib: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// What one NVRTC compilation produced.
+/// What one NVRTC compilation for a real architecture (`sm_NN`) produced.
 #[derive(Debug, Clone)]
 pub struct Output {
+    /// The intermediate PTX, for tests that inspect the code.
     pub ptx: String,
+    /// The SASS image the driver loads.
+    pub cubin: Vec<u8>,
     /// NVRTC's log: warnings on success (empty when clean).
     pub log: String,
 }
@@ -183,7 +186,24 @@ pub fn compile(
     let ptx = unsafe { result::get_ptx(prog.0) }
         .map(|raw| c_chars_to_string(&raw))
         .map_err(nvrtc_err("nvrtcGetPTX"))?;
-    Ok(Output { ptx, log })
+    let mut size = 0usize;
+    // SAFETY: a live, compiled program and a valid out-pointer.
+    unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) }
+        .result()
+        .map_err(nvrtc_err("nvrtcGetCUBINSize"))?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has the `size` bytes NVRTC just asked for. Without a real
+    // architecture in the options the size is 0 and the image is empty, refused below.
+    unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }
+        .result()
+        .map_err(nvrtc_err("nvrtcGetCUBIN"))?;
+    if cubin.is_empty() {
+        return Err(KernelError::Nvrtc {
+            call: "nvrtcGetCUBIN",
+            code: "no SASS (compiled for a virtual architecture)".into(),
+        });
+    }
+    Ok(Output { ptx, cubin, log })
 }
 
 /// NVRTC returns NUL-terminated buffers; keep the text before the first NUL.

@@ -35,7 +35,7 @@ pub fn source(name: &str) -> Option<&'static str> {
 }
 
 /// Module `name` with its includes expanded: the exact text NVRTC compiles (and the
-/// PTX cache keys on).
+/// kernel cache keys on).
 pub fn expand(name: &str) -> Result<String, KernelError> {
     let src = source(name).ok_or_else(|| KernelError::UnknownModule(name.to_string()))?;
     let mut out = String::with_capacity(src.len() * 2);

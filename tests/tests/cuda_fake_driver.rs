@@ -25,7 +25,7 @@ use sparkd_e2e::{bin, raw_request, strip_ansi, synth_model, tiny_model, Daemon, 
 const FAKE_MARK: &str = "fake libcuda:";
 
 /// `LD_LIBRARY_PATH` with the stand-in driver first, once its prerequisites are known
-/// to be present and the kernels' PTX for its default sm_90 is in the cache (so that a
+/// to be present and the kernels for its default sm_90 are in the cache (so that a
 /// daemon's start-up is module loading, not minutes of NVRTC); `None` to skip.
 fn fake_driver() -> Option<OsString> {
     static SETUP: OnceLock<Result<OsString, String>> = OnceLock::new();
@@ -133,7 +133,7 @@ fn gpu_parity_passes_through_the_driver_api() {
 }
 
 /// A GB10-like device (compute capability 12.1): the kernels compiled for sm_121 load
-/// (the stand-in refuses PTX for a newer target than the device) and serve.
+/// (the stand-in refuses SASS for another architecture) and serve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compute_capability_12_1_device_runs_the_sm_121_build() {
     let Some(lib) = fake_driver() else { return };
@@ -296,16 +296,21 @@ fn gpu_check_script_rehearses_through_the_stand_in() {
     let Some(lib) = fake_driver() else { return };
     let work = TempDir::new("gpu-check");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
-    let out = Command::new("bash")
-        .arg(&script)
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
         .args(["--smoke", "--work"])
         .arg(work.path())
         .env("SPARKD", bin("sparkd"))
         .env("LD_LIBRARY_PATH", &lib)
         .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run gpu-check.sh");
+        .stdin(Stdio::null());
+    // The kernels fake_driver() compiled, not a cold compile in the script's work dir.
+    let cache_root =
+        sparkd_kernels::KernelCache::default_dir().and_then(|d| d.parent().map(Path::to_path_buf));
+    if let Some(root) = cache_root {
+        cmd.env(sparkd_kernels::CACHE_ENV, root);
+    }
+    let out = cmd.output().expect("run gpu-check.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let log = std::fs::read_to_string(work.path().join("gpu-check.log")).unwrap_or_default();
     let all = format!(

@@ -1,7 +1,7 @@
 //! Choosing the compute device: `--device auto|cpu|cuda[:N]`.
 //!
 //! `auto` takes the first GPU the kernels support when the whole CUDA stack is usable
-//! (driver library, a device, NVRTC, a driver new enough for NVRTC's PTX) and otherwise
+//! (driver library, a device, NVRTC, a driver of NVRTC's CUDA major version or newer) and otherwise
 //! falls back to the CPU, logging why. `cuda[:N]` insists: anything missing is an error
 //! that names it. Nothing here panics on a machine without CUDA.
 
@@ -132,7 +132,7 @@ pub enum DeviceError {
     },
     #[error("cannot compile the CUDA kernels: {0}")]
     Nvrtc(#[from] KernelError),
-    #[error("the driver supports CUDA {driver} but NVRTC is {nvrtc}; PTX from a newer NVRTC does not load (update the driver, or use an NVRTC no newer than it)")]
+    #[error("the driver supports CUDA {driver} but NVRTC is {nvrtc}; kernels from a newer CUDA major version do not load (update the driver, or use an NVRTC of CUDA {} or older)", driver.major)]
     DriverTooOld {
         driver: CudaVersion,
         nvrtc: NvrtcVersion,
@@ -225,7 +225,10 @@ fn find_gpu(stack: &dyn CudaStack, ordinal: Option<usize>) -> Result<DeviceChoic
         }
     };
     let nvrtc = stack.nvrtc()?;
-    if (driver.major, driver.minor) < (nvrtc.major, nvrtc.minor) {
+    // The kernels are SASS (cubins), which CUDA's minor-version compatibility lets a
+    // driver of the same major version load whatever NVRTC's minor version (PTX would
+    // need a driver at least as new as NVRTC).
+    if driver.major < nvrtc.major {
         return Err(DeviceError::DriverTooOld { driver, nvrtc });
     }
     Ok(DeviceChoice::Cuda {
@@ -414,7 +417,7 @@ mod tests {
     }
 
     #[test]
-    fn nvrtc_missing_or_newer_than_the_driver_falls_back_under_auto() {
+    fn nvrtc_missing_or_of_a_newer_cuda_than_the_driver_falls_back_under_auto() {
         let no_nvrtc = Fake {
             nvrtc: None,
             ..working(vec![gpu(0, "NVIDIA H200", (9, 0))])
@@ -436,6 +439,24 @@ mod tests {
             "{err}"
         );
         cpu_reason(probe_with(DeviceRequest::Auto, &old_driver).unwrap());
+
+        // A newer NVRTC of the driver's major version is fine: the kernels are SASS.
+        let newer_minor = Fake {
+            nvrtc: Some(NvrtcVersion {
+                major: 13,
+                minor: 1,
+            }),
+            ..working(vec![gpu(0, "NVIDIA GB10", (12, 1))])
+        };
+        match probe_with(DeviceRequest::Auto, &newer_minor).unwrap() {
+            DeviceChoice::Cuda { nvrtc, arch, .. } => {
+                assert_eq!(
+                    (nvrtc.to_string(), arch.to_string()),
+                    ("13.1".into(), "sm_121".into())
+                )
+            }
+            other => panic!("{other:?}"),
+        }
 
         match probe_with(
             DeviceRequest::Cuda(0),

@@ -103,6 +103,12 @@ pub enum GpuError {
     Launch { kernel: String, message: String },
     #[error("bad device access: {0}")]
     Bounds(String),
+    #[error("the driver refuses the kernels of {module} (SASS from NVRTC {nvrtc}): {error}")]
+    Load {
+        module: &'static str,
+        error: String,
+        nvrtc: String,
+    },
     #[error("cannot compile the kernels: {0}")]
     Compile(#[from] sparkd_kernels::KernelError),
     #[error("kernel emulator: {0}")]

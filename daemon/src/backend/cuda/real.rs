@@ -1,7 +1,7 @@
 //! [`CudaGpu`]: the [`Gpu`] interface over the CUDA driver API (cudarc, loaded
 //! dynamically, so the same binary runs without CUDA). One context (the device's
 //! primary one), one stream, every kernel module compiled by NVRTC for the device's
-//! architecture (`sparkd_kernels::compile`, cached PTX) and loaded at start, and a pair
+//! architecture (`sparkd_kernels::compile`: SASS, cached) and loaded at start, and a pair
 //! of CUDA events around each step for its duration on the device.
 //!
 //! Graphs: the forward captures decode steps on the stream (thread-local capture mode,
@@ -127,7 +127,7 @@ impl CudaGpu {
         }
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
         let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
-        let ptx = sparkd_kernels::compile(&arch.to_string())?;
+        let kernels = sparkd_kernels::compile(&arch.to_string())?;
         let stream =
             result::stream::create(StreamKind::NonBlocking).map_err(driver("cuStreamCreate"))?;
         let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
@@ -148,13 +148,15 @@ impl CudaGpu {
             graphs: Vec::new(),
             timer: None,
         };
-        for module in &ptx.modules {
-            let image = CString::new(module.text()).map_err(|_| {
-                GpuError::Unsupported(format!("{}: PTX holds a NUL", module.module()))
-            })?;
-            // SAFETY: a NUL-terminated PTX image that outlives the call.
-            let m = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-                .map_err(driver("cuModuleLoadData"))?;
+        for module in &kernels.modules {
+            // SAFETY: a cubin (checked by KernelImage::new to be a CUDA ELF image for
+            // this architecture) that outlives the call; the driver copies it.
+            let m = unsafe { result::module::load_data(module.cubin().as_ptr() as *const c_void) }
+                .map_err(|e| GpuError::Load {
+                    module: module.module(),
+                    error: driver("cuModuleLoadData")(e).to_string(),
+                    nvrtc: kernels.nvrtc.to_string(),
+                })?;
             gpu.modules.push(m);
             for entry in module.entry_points() {
                 let c = CString::new(entry).map_err(|_| GpuError::NoKernel(entry.into()))?;
