@@ -303,16 +303,78 @@ __device__ __forceinline__ void dq8<W_Q6_K>(const u8* row, int g, float (&w)[8],
 }
 
 // Expands `M(name, type_id)` once per supported weight format; entry-point files use it
-// to stamp out one kernel per format.
+// to stamp out one kernel per format. With SPARKD_ONLY_WTYPE defined to a type id, only
+// that format's: the host compiles the largest modules one format per NVRTC program, in
+// parallel (kernels/src/sources.rs, `units`).
+#ifdef SPARKD_ONLY_WTYPE
+#define SPARKD_WANT_WTYPE(id) (SPARKD_ONLY_WTYPE == (id))
+#else
+#define SPARKD_WANT_WTYPE(id) 1
+#endif
+#if SPARKD_WANT_WTYPE(W_F32)
+#define SPARKD_W_F32(M) M(f32, W_F32)
+#else
+#define SPARKD_W_F32(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_F16)
+#define SPARKD_W_F16(M) M(f16, W_F16)
+#else
+#define SPARKD_W_F16(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_BF16)
+#define SPARKD_W_BF16(M) M(bf16, W_BF16)
+#else
+#define SPARKD_W_BF16(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q4_0)
+#define SPARKD_W_Q4_0(M) M(q4_0, W_Q4_0)
+#else
+#define SPARKD_W_Q4_0(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q4_1)
+#define SPARKD_W_Q4_1(M) M(q4_1, W_Q4_1)
+#else
+#define SPARKD_W_Q4_1(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q5_0)
+#define SPARKD_W_Q5_0(M) M(q5_0, W_Q5_0)
+#else
+#define SPARKD_W_Q5_0(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q5_1)
+#define SPARKD_W_Q5_1(M) M(q5_1, W_Q5_1)
+#else
+#define SPARKD_W_Q5_1(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q8_0)
+#define SPARKD_W_Q8_0(M) M(q8_0, W_Q8_0)
+#else
+#define SPARKD_W_Q8_0(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q4_K)
+#define SPARKD_W_Q4_K(M) M(q4_k, W_Q4_K)
+#else
+#define SPARKD_W_Q4_K(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q5_K)
+#define SPARKD_W_Q5_K(M) M(q5_k, W_Q5_K)
+#else
+#define SPARKD_W_Q5_K(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q6_K)
+#define SPARKD_W_Q6_K(M) M(q6_k, W_Q6_K)
+#else
+#define SPARKD_W_Q6_K(M)
+#endif
 #define SPARKD_FOR_EACH_WTYPE(M) \
-    M(f32, W_F32)                \
-    M(f16, W_F16)                \
-    M(bf16, W_BF16)              \
-    M(q4_0, W_Q4_0)              \
-    M(q4_1, W_Q4_1)              \
-    M(q5_0, W_Q5_0)              \
-    M(q5_1, W_Q5_1)              \
-    M(q8_0, W_Q8_0)              \
-    M(q4_k, W_Q4_K)              \
-    M(q5_k, W_Q5_K)              \
-    M(q6_k, W_Q6_K)
+    SPARKD_W_F32(M) \
+    SPARKD_W_F16(M) \
+    SPARKD_W_BF16(M) \
+    SPARKD_W_Q4_0(M) \
+    SPARKD_W_Q4_1(M) \
+    SPARKD_W_Q5_0(M) \
+    SPARKD_W_Q5_1(M) \
+    SPARKD_W_Q8_0(M) \
+    SPARKD_W_Q4_K(M) \
+    SPARKD_W_Q5_K(M) \
+    SPARKD_W_Q6_K(M)

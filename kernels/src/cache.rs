@@ -61,28 +61,29 @@ impl KernelCache {
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    fn path(&self, module: &str, arch: Arch, key: &str) -> PathBuf {
-        let stem = module.strip_suffix(".cu").unwrap_or(module);
+    /// `unit` is a module's file name, or a part of one (`matvec.cu:q4_k`).
+    fn path(&self, unit: &str, arch: Arch, key: &str) -> PathBuf {
+        let stem = unit.replace(".cu", "").replace(':', ".");
         self.dir
             .join(format!("{stem}.{arch}.{}.cubin", &key[..key.len().min(32)]))
     }
 
     /// The cached image for the key, if any. The caller checks that it is a whole cubin
     /// for the architecture (`KernelImage::new`) before handing it to the driver.
-    pub fn load(&self, module: &str, arch: Arch, key: &str) -> Option<Vec<u8>> {
-        std::fs::read(self.path(module, arch, key)).ok()
+    pub fn load(&self, unit: &str, arch: Arch, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.path(unit, arch, key)).ok()
     }
 
     /// Stores an image atomically (temporary file, then rename), so readers never see a
     /// partial file.
-    pub fn store(&self, module: &str, arch: Arch, key: &str, image: &[u8]) -> std::io::Result<()> {
+    pub fn store(&self, unit: &str, arch: Arch, key: &str, image: &[u8]) -> std::io::Result<()> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(&self.dir)?;
-        let dest = self.path(module, arch, key);
+        let dest = self.path(unit, arch, key);
         // Unique per process and call: two compilers in one process may store the same
         // module at once.
         let tmp = self.dir.join(format!(
-            ".{module}.{}-{}.tmp",
+            ".{unit}.{}-{}.tmp",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));

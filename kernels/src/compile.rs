@@ -7,9 +7,11 @@
 //! from a newer NVRTC does not load.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::cache::KernelCache;
 use crate::cubin;
+use crate::names::WeightType;
 use crate::nvrtc::{self, NvrtcVersion};
 use crate::sources::{self, SOURCES};
 use crate::{Arch, KernelError};
@@ -18,10 +20,54 @@ use crate::{Arch, KernelError};
 /// for experiments with CUDA headers).
 pub const INCLUDE_ENV: &str = "SPARKD_CUDA_INCLUDE";
 
-/// One module compiled to SASS for one architecture: the cubin the driver loads.
+/// Modules whose kernels come one per weight format, compiled one format per NVRTC
+/// program: the mat-vec alone is 88 kernels, tens of seconds in one program, which
+/// would leave a cold start waiting on one core.
+const SPLIT_BY_WEIGHT_TYPE: [&str; 2] = ["matvec.cu", "mmq.cu"];
+
+/// One NVRTC program: a module, or one weight format's part of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unit {
+    pub module: &'static str,
+    /// `Some`: only this format's kernels (`SPARKD_ONLY_WTYPE`, quant.cuh).
+    pub only: Option<WeightType>,
+}
+
+impl Unit {
+    pub fn whole(module: &'static str) -> Self {
+        Unit { module, only: None }
+    }
+
+    /// For messages and cache file names: `matvec.cu` or `matvec.cu:q4_k`.
+    pub fn label(&self) -> String {
+        match self.only {
+            None => self.module.to_string(),
+            Some(t) => format!("{}:{}", self.module, t.suffix()),
+        }
+    }
+}
+
+/// What `compile_all` compiles: every module, the largest split by weight format,
+/// those first (so that the longest programs start first).
+pub fn units() -> Vec<Unit> {
+    let split = SPLIT_BY_WEIGHT_TYPE.iter().flat_map(|m| {
+        WeightType::ALL.into_iter().map(|t| Unit {
+            module: m,
+            only: Some(t),
+        })
+    });
+    let whole = SOURCES
+        .iter()
+        .filter(|(m, _)| !SPLIT_BY_WEIGHT_TYPE.contains(m))
+        .map(|(m, _)| Unit::whole(m));
+    split.chain(whole).collect()
+}
+
+/// One compilation unit compiled to SASS for one architecture: the cubin the driver
+/// loads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelImage {
-    module: &'static str,
+    unit: Unit,
     arch: Arch,
     cubin: Vec<u8>,
     entries: Vec<String>,
@@ -29,9 +75,9 @@ pub struct KernelImage {
 
 impl KernelImage {
     /// Checks that `cubin` is a cubin for `arch` and reads its kernels' names.
-    pub fn new(module: &'static str, arch: Arch, cubin: Vec<u8>) -> Result<Self, KernelError> {
+    pub fn new(unit: Unit, arch: Arch, cubin: Vec<u8>) -> Result<Self, KernelError> {
         let bad = |reason: String| KernelError::BadImage {
-            module: module.to_string(),
+            module: unit.label(),
             arch: arch.to_string(),
             reason,
         };
@@ -43,7 +89,7 @@ impl KernelImage {
             return Err(bad("no kernels".into()));
         }
         Ok(KernelImage {
-            module,
+            unit,
             arch,
             cubin,
             entries: info.entries,
@@ -52,7 +98,11 @@ impl KernelImage {
 
     /// The module's file name, e.g. `"matvec.cu"`.
     pub fn module(&self) -> &'static str {
-        self.module
+        self.unit.module
+    }
+
+    pub fn unit(&self) -> Unit {
+        self.unit
     }
 
     pub fn arch(&self) -> Arch {
@@ -83,7 +133,7 @@ pub struct Compiled {
     pub from_cache: bool,
 }
 
-/// Every module compiled for one architecture.
+/// Every module compiled for one architecture, in [`units`] order.
 #[derive(Debug, Clone)]
 pub struct KernelSet {
     pub arch: Arch,
@@ -92,11 +142,7 @@ pub struct KernelSet {
 }
 
 impl KernelSet {
-    pub fn get(&self, module: &str) -> Option<&KernelImage> {
-        self.modules.iter().find(|p| p.module == module)
-    }
-
-    /// The module that defines kernel `entry`.
+    /// The image that defines kernel `entry`.
     pub fn module_of(&self, entry: &str) -> Option<&KernelImage> {
         self.modules
             .iter()
@@ -160,21 +206,33 @@ impl Compiler {
         o
     }
 
-    /// Compiles one module (by file name, e.g. `"matvec.cu"`), or takes it from the cache.
+    /// Compiles one whole module (by file name, e.g. `"matvec.cu"`), or takes it from
+    /// the cache.
     pub fn compile_module(&self, module: &str, arch: Arch) -> Result<Compiled, KernelError> {
-        let name = SOURCES
-            .iter()
-            .map(|(n, _)| *n)
-            .find(|n| *n == module)
-            .ok_or_else(|| KernelError::UnknownModule(module.to_string()))?;
+        self.compile_unit(Unit::whole(module_name(module)?), arch)
+    }
+
+    /// The NVRTC options for `unit`.
+    fn unit_options(&self, unit: Unit, arch: Arch) -> Vec<String> {
+        let mut options = self.options(arch);
+        if let Some(t) = unit.only {
+            options.push(format!("-DSPARKD_ONLY_WTYPE={}", t.ggml_id()));
+        }
+        options
+    }
+
+    /// Compiles one unit, or takes it from the cache.
+    pub fn compile_unit(&self, unit: Unit, arch: Arch) -> Result<Compiled, KernelError> {
+        let name = module_name(unit.module)?;
         let version = nvrtc::load()?;
         let source = sources::expand(name)?;
-        let options = self.options(arch);
+        let options = self.unit_options(unit, arch);
         let key = KernelCache::key(&source, arch, &options, version);
+        let label = unit.label();
         if let Some(cache) = &self.cache {
-            if let Some(bytes) = cache.load(name, arch, &key) {
+            if let Some(bytes) = cache.load(&label, arch, &key) {
                 // A file that is not a whole cubin for this arch is recompiled over.
-                match KernelImage::new(name, arch, bytes) {
+                match KernelImage::new(unit, arch, bytes) {
                     Ok(image) => {
                         return Ok(Compiled {
                             image,
@@ -188,15 +246,15 @@ impl Compiler {
             }
         }
         let out = nvrtc::compile(name, &arch.to_string(), &source, &options)?;
-        let image = KernelImage::new(name, arch, out.cubin)?;
+        let image = KernelImage::new(unit, arch, out.cubin)?;
         if let Some(cache) = &self.cache {
             // A read-only or full disk costs a recompile next time, nothing more.
-            if let Err(e) = cache.store(name, arch, &key, image.cubin()) {
+            if let Err(e) = cache.store(&label, arch, &key, image.cubin()) {
                 tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot cache kernels");
             }
         }
         if !out.log.is_empty() {
-            tracing::warn!(module = name, %arch, log = %out.log, "NVRTC diagnostics");
+            tracing::warn!(module = %label, %arch, log = %out.log, "NVRTC diagnostics");
         }
         Ok(Compiled {
             image,
@@ -214,56 +272,84 @@ impl Compiler {
         module: &str,
         arch: Arch,
     ) -> Result<Compiled, KernelError> {
-        let name = SOURCES
-            .iter()
-            .map(|(n, _)| *n)
-            .find(|n| *n == module)
-            .ok_or_else(|| KernelError::UnknownModule(module.to_string()))?;
+        let name = module_name(module)?;
         let source = sources::expand(name)?;
         let mut options = self.options(arch);
         options.push("--ptxas-options=-v".to_string());
         let out = nvrtc::compile(name, &arch.to_string(), &source, &options)?;
         Ok(Compiled {
-            image: KernelImage::new(name, arch, out.cubin)?,
+            image: KernelImage::new(Unit::whole(name), arch, out.cubin)?,
             ptx: Some(out.ptx),
             log: out.log,
             from_cache: false,
         })
     }
 
-    /// Every module for `arch`.
+    /// Every module for `arch`, as the [`units`].
     pub fn compile_all(&self, arch: Arch) -> Result<KernelSet, KernelError> {
         let nvrtc = nvrtc::load()?;
-        // One thread per module: a cold start (a new machine, a new NVRTC) compiles
-        // them all, the mat-vec's 88 kernels the longest, and NVRTC programs are
-        // independent. The cache writes each module through its own temporary file.
-        let compiled: Vec<Result<Compiled, KernelError>> = std::thread::scope(|s| {
-            let workers: Vec<_> = SOURCES
-                .iter()
-                .map(|(name, _)| s.spawn(move || self.compile_module(name, arch)))
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| {
-                    w.join().unwrap_or_else(|_| {
-                        Err(KernelError::Nvrtc {
-                            call: "a compile thread",
-                            code: "panicked".into(),
-                        })
+        // A cold start (a new machine, a new NVRTC) compiles every unit; NVRTC programs
+        // are independent, so a worker per core takes them in turn, longest first. The
+        // cache writes each through its own temporary file.
+        let started = std::time::Instant::now();
+        let units = units();
+        let next = AtomicUsize::new(0);
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(units.len());
+        let mut done = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(unit) = units.get(i) else { break };
+                            mine.push((i, self.compile_unit(*unit, arch)));
+                        }
+                        mine
                     })
                 })
-                .collect()
-        });
-        let modules = compiled
+                .collect();
+            let mut all = Vec::with_capacity(units.len());
+            for h in handles {
+                all.extend(h.join().map_err(|_| KernelError::Nvrtc {
+                    call: "a compile thread",
+                    code: "panicked".into(),
+                })?);
+            }
+            Ok::<_, KernelError>(all)
+        })?;
+        done.sort_by_key(|(i, _)| *i);
+        let compiled = done
             .into_iter()
-            .map(|c| c.map(|c| c.image))
-            .collect::<Result<_, _>>()?;
+            .map(|(_, c)| c)
+            .collect::<Result<Vec<_>, _>>()?;
+        let cached = compiled.iter().filter(|c| c.from_cache).count();
+        tracing::info!(
+            %arch,
+            units = compiled.len(),
+            cached,
+            workers,
+            ms = started.elapsed().as_millis() as u64,
+            "CUDA kernels ready"
+        );
+        let modules = compiled.into_iter().map(|c| c.image).collect();
         Ok(KernelSet {
             arch,
             nvrtc,
             modules,
         })
     }
+}
+
+/// The `SOURCES` name equal to `module`.
+fn module_name(module: &str) -> Result<&'static str, KernelError> {
+    SOURCES
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n == module)
+        .ok_or_else(|| KernelError::UnknownModule(module.to_string()))
 }
 
 /// Every module compiled for `arch` (e.g. `"sm_121"`), through the default cache.
@@ -284,6 +370,28 @@ mod tests {
         let o = c.options("sm_121".parse().unwrap());
         assert!(o.contains(&"--gpu-architecture=sm_121".to_string()));
         assert!(o.contains(&"--include-path=/opt/cuda/include".to_string()));
+    }
+
+    #[test]
+    fn units_cover_every_module_once_and_split_the_largest_by_format() {
+        let units = units();
+        for (module, _) in SOURCES {
+            let parts: Vec<&Unit> = units.iter().filter(|u| u.module == *module).collect();
+            if SPLIT_BY_WEIGHT_TYPE.contains(module) {
+                let formats: Vec<_> = parts.iter().map(|u| u.only.unwrap()).collect();
+                assert_eq!(formats, WeightType::ALL, "{module}");
+            } else {
+                assert_eq!(parts, [&Unit::whole(module)]);
+            }
+        }
+        let mut labels: Vec<String> = units.iter().map(Unit::label).collect();
+        assert!(labels.contains(&"matvec.cu:q4_k".to_string()), "{labels:?}");
+        labels.dedup();
+        assert_eq!(labels.len(), units.len());
+        let c = Compiler::new().without_cache();
+        let q6k = c.unit_options(units[10], "sm_90".parse().unwrap());
+        assert_eq!(units[10].only, Some(WeightType::Q6_K));
+        assert_eq!(q6k.last().unwrap(), "-DSPARKD_ONLY_WTYPE=14");
     }
 
     #[test]
@@ -344,7 +452,7 @@ mod tests {
         for arch in ["sm_90", "sm_121"] {
             let arch: Arch = arch.parse().unwrap();
             let out = nvrtc::compile("two.cu", "t", src, &Compiler::new().options(arch)).unwrap();
-            let image = KernelImage::new("two.cu", arch, out.cubin.clone()).unwrap();
+            let image = KernelImage::new(Unit::whole("two.cu"), arch, out.cubin.clone()).unwrap();
             let mut names: Vec<&str> = image.entry_points().collect();
             names.sort();
             assert_eq!(names, ["first", "second"], "{arch}");
@@ -352,13 +460,14 @@ mod tests {
             let other: Arch = if arch.sm() == 90 { "sm_121" } else { "sm_90" }
                 .parse()
                 .unwrap();
-            let err = KernelImage::new("two.cu", other, out.cubin.clone()).unwrap_err();
+            let err =
+                KernelImage::new(Unit::whole("two.cu"), other, out.cubin.clone()).unwrap_err();
             assert!(
                 err.to_string().contains(&format!("SASS for {arch}")),
                 "{err}"
             );
             let cut = out.cubin[..out.cubin.len() / 2].to_vec();
-            assert!(KernelImage::new("two.cu", arch, cut).is_err());
+            assert!(KernelImage::new(Unit::whole("two.cu"), arch, cut).is_err());
         }
     }
 }

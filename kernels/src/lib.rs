@@ -19,7 +19,7 @@ mod sources;
 
 pub use arch::{Arch, MIN_SM};
 pub use cache::{KernelCache, CACHE_ENV};
-pub use compile::{compile, Compiled, Compiler, KernelImage, KernelSet, INCLUDE_ENV};
+pub use compile::{compile, units, Compiled, Compiler, KernelImage, KernelSet, Unit, INCLUDE_ENV};
 pub use error::KernelError;
 pub use nvrtc::{load as load_nvrtc, NvrtcVersion, NVRTC_LIB_ENV};
 pub use sources::{expand, source, HEADERS, SOURCES};

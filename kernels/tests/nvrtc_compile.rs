@@ -6,7 +6,9 @@
 
 use std::collections::BTreeSet;
 
-use sparkd_kernels::{load_nvrtc, names, Arch, Compiler, KernelCache, KernelError, SOURCES};
+use sparkd_kernels::{
+    load_nvrtc, names, units, Arch, Compiler, KernelCache, KernelError, Unit, SOURCES,
+};
 
 const ARCHES: [&str; 2] = ["sm_90", "sm_121"];
 
@@ -127,7 +129,7 @@ fn compiled_kernels_are_cached_and_reused() {
     assert_eq!(files, 1);
 }
 
-/// What the daemon does at start-up: every module at once (a thread each), every
+/// What the daemon does at start-up: every unit (a worker per core), every
 /// kernel the host launches defined, each module cached for the next start.
 #[test]
 fn compile_all_builds_every_module_concurrently_into_the_cache() {
@@ -141,13 +143,26 @@ fn compile_all_builds_every_module_concurrently_into_the_cache() {
     let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
     let second = compiler.compile_all(arch).unwrap();
     std::fs::remove_dir_all(&dir).ok();
-    let order: Vec<&str> = first.modules.iter().map(|p| p.module()).collect();
-    let sources: Vec<&str> = SOURCES.iter().map(|(m, _)| *m).collect();
-    assert_eq!(order, sources, "modules in source order");
-    assert_eq!(files, SOURCES.len(), "one cache file per module");
+    let order: Vec<Unit> = first.modules.iter().map(|p| p.unit()).collect();
+    assert_eq!(order, units(), "images in unit order");
+    assert_eq!(files, units().len(), "one cache file per unit");
     for (module, kernel) in names::all() {
         let defined_by = first.module_of(&kernel).map(|p| p.module());
         assert_eq!(defined_by, Some(module), "{kernel}");
+    }
+    // A unit of one weight format holds that format's kernels and no others.
+    let total: usize = first.modules.iter().map(|p| p.entry_points().count()).sum();
+    assert_eq!(total, names::all().len(), "each kernel in one image");
+    for image in &first.modules {
+        if let Some(t) = image.unit().only {
+            let tag = format!("_{}_", t.suffix());
+            assert!(
+                image.entry_points().all(|e| e.contains(&tag)),
+                "{}: {:?}",
+                image.unit().label(),
+                image.entry_points().collect::<Vec<_>>()
+            );
+        }
     }
     assert_eq!(
         first.modules, second.modules,
