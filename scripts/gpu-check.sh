@@ -37,12 +37,19 @@
 #     prints JSON lines, one flat object per measurement:
 #       {"kind":"device","name":"NVIDIA GB10","sm":"sm_121","memory_bytes":128000000000}
 #       {"kind":"copy","gb_s":230.5}            device-to-device copy, (read+write)/time
-#       {"kind":"decode","batch":8,"graphs":true,"matmul":"mmq","tok_s":310.2,"gb_s":201.7}
+#       {"kind":"decode","batch":8,"graphs":true,"matmul":"mmq","tok_s":310.2,"gb_s":201.7,
+#        "served_tok_s":290.0,"served_logits_tok_s":250.3}
 #                                               gb_s = bytes read per step (weights and
 #                                               KV) / step time; batch 1 comes twice,
 #                                               with and without CUDA graphs; larger
 #                                               batches twice, on the tensor-core
-#                                               mat-mul (first) and on the mat-vec
+#                                               mat-mul (first) and on the mat-vec;
+#                                               served_*: the host's clock around each
+#                                               step with its copies and picks, with
+#                                               greedy picks made on the device (as the
+#                                               engine does for greedy requests) and,
+#                                               on the first line of a batch only, with
+#                                               whole logit rows to the host (sampled)
 #       {"kind":"prefill","tokens":512,"tok_s":4100.0}
 #   with --profile, then per-kernel device times (graphs off, each launch timed):
 #       {"kind":"profile","phase":"decode batch 1","steps":9,"kernel":"mmv_q4_k_b1",
@@ -239,7 +246,11 @@ if [ "$DO_BENCH" = 1 ]; then
         [ "$(field "$line" batch)" != 1 ] && [ "$(field "$line" matmul)" = mmv ] \
           && label="$label, mat-vec"
         printf '  %-26s %10.1f tok/s %7.1f GB/s %s\n' "$label" \
-          "$(field "$line" tok_s)" "$gb" "$pct" ;;
+          "$(field "$line" tok_s)" "$gb" "$pct"
+        # What the serving loop gets around those device steps.
+        whole=$(field "$line" served_logits_tok_s)
+        [ -n "$whole" ] && printf '    %-24s %10.1f tok/s greedy on the device, %.1f with whole logits\n' \
+          "served (host clock)" "$(field "$line" served_tok_s)" "$whole" ;;
       prefill)
         printf '  %-26s %10.1f tok/s\n' "prefill $(field "$line" tokens)" "$(field "$line" tok_s)" ;;
     esac

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -67,6 +67,7 @@ pub(crate) fn prefill_best(
             tokens: &tokens,
             start_pos: 0,
             want_logits: true,
+            greedy: false,
         }];
         let took = b.forward(&batch);
         b.release(&mut table);
@@ -78,7 +79,11 @@ pub(crate) fn prefill_best(
 /// What a timed decode run did.
 pub(crate) struct DecodeRun {
     pub tokens: usize,
+    /// The steps' own durations (on the device, for GPUs).
     pub elapsed: Duration,
+    /// The same steps on the host's clock, with what the engine does around each:
+    /// inputs up, outputs down, the greedy picks.
+    pub wall: Duration,
     /// Cached positions the timed steps attended to, over all sequences (the KV bytes
     /// they read, per position).
     pub kv_positions: u64,
@@ -88,6 +93,20 @@ impl DecodeRun {
     pub fn tok_s(&self) -> f64 {
         self.tokens as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    pub fn wall_tok_s(&self) -> f64 {
+        self.tokens as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Where a decode run's greedy picks come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Picks {
+    /// As the engine takes a plain greedy request's: from the backend where it makes
+    /// them (`Backend::greedy_pick`), else from the logits on the host.
+    AsEngine,
+    /// Whole logit rows to the host, as for a sampled request.
+    HostLogits,
 }
 
 /// `streams` sequences with a `prompt`-token prompt each, prefilled together, then one
@@ -99,6 +118,18 @@ pub(crate) fn greedy_decode(
     streams: usize,
     prompt: usize,
     steps: usize,
+) -> anyhow::Result<DecodeRun> {
+    decode_run(b, vocab, streams, prompt, steps, Picks::AsEngine)
+}
+
+/// [`greedy_decode`], with the picks from `picks`.
+pub(crate) fn decode_run(
+    b: &mut dyn Backend,
+    vocab: usize,
+    streams: usize,
+    prompt: usize,
+    steps: usize,
+    picks: Picks,
 ) -> anyhow::Result<DecodeRun> {
     let mut tables: Vec<BlockTable> = vec![BlockTable::default(); streams];
     let mut seqs: Vec<Vec<u32>> = (0..streams)
@@ -116,6 +147,7 @@ pub(crate) fn greedy_decode(
                 tokens: s,
                 start_pos: 0,
                 want_logits: true,
+                greedy: false,
             })
             .collect();
         b.forward(&batch)?;
@@ -123,12 +155,12 @@ pub(crate) fn greedy_decode(
         let mut run = DecodeRun {
             tokens: 0,
             elapsed: Duration::ZERO,
+            wall: Duration::ZERO,
             kv_positions: 0,
         };
+        // The prompt's picks (the prefill hands over whole rows).
+        push_picks(b, &mut seqs);
         for step in 0..=steps {
-            for (i, s) in seqs.iter_mut().enumerate() {
-                s.push(greedy(b.logits_mut(i)));
-            }
             let pos = prompt + step;
             let batch: Vec<SeqInput> = tables
                 .iter()
@@ -138,12 +170,17 @@ pub(crate) fn greedy_decode(
                     tokens: &s[pos..pos + 1],
                     start_pos: pos,
                     want_logits: true,
+                    greedy: picks == Picks::AsEngine,
                 })
                 .collect();
+            let started = Instant::now();
             let took = b.forward(&batch)?;
+            drop(batch);
+            push_picks(b, &mut seqs);
             if step > 0 {
                 run.tokens += streams;
                 run.elapsed += took;
+                run.wall += started.elapsed();
                 run.kv_positions += (streams * (pos + 1)) as u64;
             }
         }
@@ -153,6 +190,14 @@ pub(crate) fn greedy_decode(
         b.release(t);
     }
     result
+}
+
+/// Appends each sequence's greedy pick of the last step, as the engine takes it.
+fn push_picks(b: &mut dyn Backend, seqs: &mut [Vec<u32>]) {
+    for (i, s) in seqs.iter_mut().enumerate() {
+        let pick = b.greedy_pick(i);
+        s.push(pick.unwrap_or_else(|| greedy(b.logits_mut(i))));
+    }
 }
 
 pub fn run(

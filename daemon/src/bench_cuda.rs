@@ -15,7 +15,7 @@ use crate::backend::cuda::{
 };
 use crate::backend::parity::{compare, ParityPlan, ParityReport};
 use crate::backend::CpuBackend;
-use crate::bench::{bench_tokens, greedy_decode, prefill_best};
+use crate::bench::{bench_tokens, decode_run, greedy_decode, prefill_best, Picks};
 use crate::cli::{model_path, GpuParityArgs};
 use crate::model::{Model, BLOCK_TOKENS};
 use sparkd_kernels::names::KvType;
@@ -220,7 +220,7 @@ pub fn run(
         } else if batch >= mmq_min {
             modes.push((true, usize::MAX));
         }
-        for (graphs, min_rows) in modes {
+        for (n, (graphs, min_rows)) in modes.into_iter().enumerate() {
             b.set_graphs(graphs);
             b.set_matmul_thresholds(min_rows, gemm_min);
             let matmul = if batch >= min_rows { "mmq" } else { "mmv" };
@@ -228,10 +228,14 @@ pub fn run(
             let secs = run.elapsed.as_secs_f64().max(1e-9);
             let bytes = b.weight_bytes_per_step() * steps as u64
                 + run.kv_positions * b.kv_bytes_per_token() as u64;
-            emit(
-                json!({"kind": "decode", "batch": batch, "graphs": graphs, "matmul": matmul, "tok_s": run.tok_s(), "gb_s": bytes as f64 / secs / 1e9}),
-                json_out,
-            );
+            let mut line = json!({"kind": "decode", "batch": batch, "graphs": graphs, "matmul": matmul, "tok_s": run.tok_s(), "gb_s": bytes as f64 / secs / 1e9, "served_tok_s": run.wall_tok_s()});
+            // The default configuration again with whole logit rows to the host, as a
+            // sampled request takes them: what the copy costs the serving loop.
+            if n == 0 {
+                let whole = decode_run(&mut b, vocab, batch, prompt, steps, Picks::HostLogits)?;
+                line["served_logits_tok_s"] = json!(whole.wall_tok_s());
+            }
+            emit(line, json_out);
         }
     }
     b.set_graphs(true);

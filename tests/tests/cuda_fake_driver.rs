@@ -220,6 +220,30 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
         "each final frame is its own request's"
     );
 
+    // Plain greedy rows are picked on the device and their logits stay there; asking
+    // for logprobs takes the whole row to the host sampler instead. Both pick the same
+    // tokens, in one batch, beside a sampled request (whole rows too).
+    let with_logprobs = GenerateRequest {
+        logprobs: Some(1),
+        ..greedy(4, "hello there", 4)
+    };
+    let sampled = GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            seed: Some(7),
+            ..Default::default()
+        },
+        ..raw_request(5, "hello there", 4)
+    };
+    let (device, host, other) = tokio::join!(
+        tokens_and_done(&c, greedy(3, "hello there", 4)),
+        tokens_and_done(&c, with_logprobs),
+        tokens_and_done(&c, sampled),
+    );
+    assert_eq!(device.0, a.0, "the device's pick is the host's");
+    assert_eq!(host.0, a.0, "the device's pick is the host's");
+    assert_eq!(other.0.len(), 4);
+
     let exit = d.terminate();
     assert!(exit.success(), "exit status {exit}: {}", d.log_text());
     let log = strip_ansi(&d.log_text());
@@ -347,6 +371,22 @@ fn gpu_check_script_rehearses_through_the_stand_in() {
         "gpu-check: all checks passed",
     ] {
         assert!(stdout.contains(expected), "{expected:?} missing: {all}");
+    }
+    // The serving loop's figures under each batch's default line, both numbers.
+    let served: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("served (host clock)"))
+        .collect();
+    assert_eq!(served.len(), 2, "batches 1 and 32: {all}");
+    for line in served {
+        let whole = line
+            .split(", ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next());
+        assert!(
+            whole.is_some_and(|v| v.parse::<f64>().is_ok_and(|v| v > 0.0)),
+            "{line}"
+        );
     }
     // Every measured figure is a number, not an empty field.
     for line in stdout.lines().filter(|l| l.contains("tok/s")) {

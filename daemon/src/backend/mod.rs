@@ -50,6 +50,16 @@ pub trait Backend: Send {
     /// order), mutable because samplers apply penalties in place.
     fn logits_mut(&mut self, i: usize) -> &mut [f32];
 
+    /// The argmax of the `i`-th logit row of the last step (the sampler's greedy rule:
+    /// the highest logit, the lowest id among equals, NaN never), where the backend
+    /// computed it itself for a [`SeqInput::greedy`] row; such a row may be missing from
+    /// [`Backend::logits_mut`]. `None` for other rows, and from backends that always
+    /// hand over whole rows.
+    fn greedy_pick(&mut self, i: usize) -> Option<u32> {
+        let _ = i;
+        None
+    }
+
     /// Grows `table` to hold `positions` positions; all or nothing.
     fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull>;
     /// Returns every block of `table` to the pool.

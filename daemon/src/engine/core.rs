@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spark_client::protocol::{ErrorKind, FinishReason, ServerMessage, TokenEvent};
+use spark_client::protocol::{ErrorKind, FinishReason, ServerMessage, TokenEvent, TokenLogprobs};
 
 use crate::backend::Backend;
 use crate::model::{Model, SeqInput};
@@ -266,6 +266,7 @@ impl EngineCore {
                 tokens: &s.tokens[s.n_cached..s.n_cached + n],
                 start_pos: s.n_cached,
                 want_logits: s.n_cached + n == s.tokens.len(),
+                greedy: s.logprobs.is_none() && s.sampler.is_plain_greedy(),
             })
             .collect();
         let mut result = self.backend.forward(&batch).map_err(|e| e.to_string());
@@ -303,12 +304,18 @@ impl EngineCore {
             if s.n_cached < s.tokens.len() {
                 continue;
             }
-            let logits = self.backend.logits_mut(logit_row);
+            let row = logit_row;
             logit_row += 1;
             if s.finish.is_some() {
                 continue;
             }
-            sample_and_emit(s, logits, &self.tokenizer, self.model.config.context_length);
+            let ctx = self.model.config.context_length;
+            // A plain greedy row's pick may come from the device, its logits left there.
+            let picked = s.logprobs.is_none() && s.sampler.is_plain_greedy();
+            match self.backend.greedy_pick(row).filter(|_| picked) {
+                Some(token) => emit(s, token, None, &self.tokenizer, ctx),
+                None => sample_and_emit(s, self.backend.logits_mut(row), &self.tokenizer, ctx),
+            }
         }
     }
 
@@ -436,6 +443,13 @@ fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: u
         }
         None => (s.sampler.sample(logits, &s.tokens), None),
     };
+    emit(s, token, lp, tok, ctx);
+}
+
+/// Appends the chosen `token` to `s` and streams it (with its text, once whole and clear
+/// of stop strings), ending the sequence on an end-of-generation token, a stop string,
+/// `max_tokens` or the context.
+fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer, ctx: usize) {
     let now = Instant::now();
     s.timings.first_token.get_or_insert(now);
     s.timings.last_token = Some(now);

@@ -24,6 +24,13 @@ pub struct SeqInput<'a> {
     pub start_pos: usize,
     /// Whether the caller wants logits for this sequence's last new token.
     pub want_logits: bool,
+    /// With `want_logits`: the caller only needs their argmax (plain greedy decoding), so
+    /// a backend that computes it where the logits are ([`Backend::greedy_pick`]) may
+    /// leave the row out of [`Backend::logits_mut`] and save its copy to the host.
+    ///
+    /// [`Backend::greedy_pick`]: crate::backend::Backend::greedy_pick
+    /// [`Backend::logits_mut`]: crate::backend::Backend::logits_mut
+    pub greedy: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

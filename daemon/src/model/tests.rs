@@ -37,6 +37,7 @@ fn run_single(
             tokens: &toks[pos..end],
             start_pos: pos,
             want_logits: end == toks.len(),
+            greedy: false,
         }];
         model.forward(&b, kv, ws).unwrap();
         pos = end;
@@ -86,6 +87,7 @@ fn batched_forward_equals_single_forwards() {
                 tokens: p,
                 start_pos: 0,
                 want_logits: true,
+                greedy: false,
             })
             .collect();
         model.forward(&batch, &mut kv, &mut ws).unwrap();
@@ -152,6 +154,7 @@ fn bad_batches_are_errors_not_panics() {
         tokens: &[vocab],
         start_pos: 0,
         want_logits: true,
+        greedy: false,
     }];
     assert!(matches!(
         model.forward(&b, &mut kv, &mut ws),
@@ -162,6 +165,7 @@ fn bad_batches_are_errors_not_panics() {
         tokens: &[1; 20],
         start_pos: 0,
         want_logits: true,
+        greedy: false,
     }];
     assert!(matches!(
         model.forward(&b, &mut kv, &mut ws),
@@ -172,6 +176,7 @@ fn bad_batches_are_errors_not_panics() {
         tokens: &[],
         start_pos: 0,
         want_logits: true,
+        greedy: false,
     }];
     assert_eq!(
         model.forward(&b, &mut kv, &mut ws),

@@ -131,6 +131,18 @@ impl Sampler {
         self.seed
     }
 
+    /// Whether [`Sampler::sample`] is the argmax of the logits as they are: greedy, with
+    /// no bias or penalty to apply first.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.logit_bias.is_empty()
+            && (p.repeat_last_n == 0
+                || (p.repeat_penalty == 1.0
+                    && p.presence_penalty == 0.0
+                    && p.frequency_penalty == 0.0))
+    }
+
     /// Chooses the next token. `history` is the prompt plus the tokens generated so far
     /// (for penalties). Bias and penalties are applied to `logits` in place.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {

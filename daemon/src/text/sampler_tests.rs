@@ -425,3 +425,70 @@ fn bucketed_top_p_keeps_the_same_set_as_a_full_sort() {
         assert_eq!(a, b, "trial {trial}: n {n}, top_p {top_p}");
     }
 }
+
+/// `is_plain_greedy` promises that `sample` is the argmax of the logits as they are,
+/// so a backend may pick it where the logits live: true exactly when nothing edits them
+/// first and no randomness is drawn.
+#[test]
+fn plain_greedy_means_the_argmax_of_untouched_logits() {
+    let history = [3u32, 3, 5];
+    let mut logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
+    logits[3] = 10.05; // just above the rest (at most 10.0)
+    let argmax = 3;
+    let cases: Vec<(SamplingParams, bool)> = vec![
+        (params(), true),
+        (
+            SamplingParams {
+                repeat_last_n: 0,
+                repeat_penalty: 2.0,
+                ..params()
+            },
+            true,
+        ),
+        (
+            SamplingParams {
+                temperature: 0.5,
+                ..params()
+            },
+            false,
+        ),
+        (
+            SamplingParams {
+                logit_bias: vec![(4, 50.0)],
+                ..params()
+            },
+            false,
+        ),
+        (
+            SamplingParams {
+                repeat_penalty: 1.5,
+                ..params()
+            },
+            false,
+        ),
+        (
+            SamplingParams {
+                presence_penalty: 2.0,
+                ..params()
+            },
+            false,
+        ),
+        (
+            SamplingParams {
+                frequency_penalty: 2.0,
+                ..params()
+            },
+            false,
+        ),
+    ];
+    for (p, plain) in cases {
+        let mut s = sampler(p.clone());
+        assert_eq!(s.is_plain_greedy(), plain, "{p:?}");
+        // Each edit of the logits that is not plain moves the pick off the untouched
+        // argmax here (a temperature only draws, usually that same argmax).
+        if p.temperature == 0.0 {
+            let picked = s.sample(&mut logits.clone(), &history);
+            assert_eq!(picked == argmax, plain, "{p:?}");
+        }
+    }
+}

@@ -18,7 +18,7 @@ use crate::backend::{Backend, BackendError, DeviceReport};
 use crate::model::config::ModelConfig;
 use crate::model::{BlockPool, BlockTable, KvFull, Model, SeqInput, BLOCK_TOKENS};
 
-// Logits are downloaded straight into host f32s (`fetch_logits`), and uploads write
+// Logits are downloaded straight into host f32s (`fetch_outputs`), and uploads write
 // host integers as little-endian bytes: the host must be little-endian like the GPU.
 const _: () = assert!(
     cfg!(target_endian = "little"),
@@ -120,6 +120,9 @@ pub struct CudaBackend<G: Gpu> {
     pub(super) v_cache: Buf,
     pub(super) scratch: Scratch,
     pub(super) opts: CudaOptions,
+    /// The last step's device picks by logit row: `Some` for rows the batch marked
+    /// greedy, whose logits stay on the device.
+    pub(super) picks: Vec<Option<u32>>,
     /// Host copy of the last step's logits, `logit_rows` rows of the vocabulary.
     pub(super) logits: Vec<f32>,
     pub(super) logit_rows: usize,
@@ -205,6 +208,7 @@ impl<G: Gpu> CudaBackend<G> {
             opts,
             logits: Vec::new(),
             logit_rows: 0,
+            picks: Vec::new(),
             report,
             gemm_steps: 0,
             graphs: Graphs::default(),
@@ -283,12 +287,11 @@ impl<G: Gpu> CudaBackend<G> {
         }
     }
 
-    /// Greedy picks of the last step's logit rows computed on the device (argmax.cu),
-    /// the CPU sampler's rule; the forward itself only downloads logits.
-    pub fn device_argmax(&mut self) -> Result<Vec<u32>, GpuError> {
-        let rows = self.logit_rows;
+    /// Queues the greedy picks of the first `rows` logit rows (argmax.cu: the CPU
+    /// sampler's rule) into the `argmax` scratch.
+    pub(super) fn launch_argmax(&mut self, rows: usize) -> Result<(), GpuError> {
         let Some(logits) = self.scratch.logits.filter(|_| rows > 0) else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let out = ensure(&mut self.gpu, &mut self.scratch.argmax, rows * 4, "argmax")?;
         super::ops::argmax(
@@ -297,7 +300,14 @@ impl<G: Gpu> CudaBackend<G> {
             rows,
             self.cfg.vocab_size,
             out.ptr(),
-        )?;
+        )
+    }
+
+    /// The picks [`Self::launch_argmax`] queued, once the device has them.
+    fn download_picks(&mut self, rows: usize) -> Result<Vec<u32>, GpuError> {
+        let Some(out) = self.scratch.argmax.filter(|_| rows > 0) else {
+            return Ok(Vec::new());
+        };
         let mut bytes = vec![0u8; rows * 4];
         self.gpu.download(out.ptr(), &mut bytes)?;
         Ok(bytes
@@ -306,13 +316,30 @@ impl<G: Gpu> CudaBackend<G> {
             .collect())
     }
 
-    /// Downloads the step's logits into the host buffer the engine reads.
-    pub(super) fn fetch_logits(&mut self, rows: usize) -> Result<(), GpuError> {
-        let vocab = self.cfg.vocab_size;
+    /// Greedy picks of every logit row of the last step, computed on the device.
+    pub fn device_argmax(&mut self) -> Result<Vec<u32>, GpuError> {
+        let rows = self.logit_rows;
+        self.launch_argmax(rows)?;
+        self.download_picks(rows)
+    }
+
+    /// Hands the step's outputs to the host: for each logit row, its pick where
+    /// `greedy` (the argmax the step queued, 4 bytes) and else the whole row of logits,
+    /// into the host buffer the engine reads (one copy per run of such rows).
+    pub(super) fn fetch_outputs(&mut self, greedy: &[bool]) -> Result<(), GpuError> {
+        let (rows, vocab) = (greedy.len(), self.cfg.vocab_size);
         self.logit_rows = rows;
         self.logits.resize(rows * vocab, 0.0);
+        self.picks.clear();
+        self.picks.resize(rows, None);
         if rows == 0 {
             return Ok(());
+        }
+        if greedy.contains(&true) {
+            let picks = self.download_picks(rows)?;
+            for (slot, (&g, pick)) in self.picks.iter_mut().zip(greedy.iter().zip(picks)) {
+                *slot = g.then_some(pick);
+            }
         }
         let Some(buf) = self.scratch.logits else {
             return Err(GpuError::Bounds("no logits buffer".into()));
@@ -320,8 +347,20 @@ impl<G: Gpu> CudaBackend<G> {
         // Straight into the engine's f32 rows (device and host are little-endian): a
         // decode batch of 32 over a 128k vocabulary is 16 MB a step, and a second host
         // pass over it would cost about as much as the copy itself.
-        self.gpu
-            .download(buf.ptr(), bytemuck::cast_slice_mut(&mut self.logits))
+        let mut i = 0;
+        while i < rows {
+            if greedy[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < rows && !greedy[i] {
+                i += 1;
+            }
+            let host = bytemuck::cast_slice_mut(&mut self.logits[start * vocab..i * vocab]);
+            self.gpu.download(buf.at(start * vocab * 4), host)?;
+        }
+        Ok(())
     }
 }
 
@@ -334,6 +373,10 @@ impl<G: Gpu> Backend for CudaBackend<G> {
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         let v = self.cfg.vocab_size;
         &mut self.logits[i * v..(i + 1) * v]
+    }
+
+    fn greedy_pick(&mut self, i: usize) -> Option<u32> {
+        self.picks.get(i).copied().flatten()
     }
 
     fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {

@@ -82,8 +82,6 @@ struct StepShape {
     /// Most tokens one sequence brings (the prefill attention's grid).
     max_q: usize,
     logit_rows: LogitRows,
-    /// Logit rows downloaded for the engine: the real sequences that want them.
-    download_rows: usize,
     graph: Option<GraphKey>,
 }
 
@@ -128,7 +126,6 @@ impl StepShape {
                 matmul: Matmul::for_rows(key.seqs, opts),
                 max_q: 1,
                 logit_rows: LogitRows::All,
-                download_rows,
                 graph: Some(key),
             };
         }
@@ -155,7 +152,6 @@ impl StepShape {
             matmul: Matmul::for_rows(rows, opts),
             max_q: batch.iter().map(|s| s.tokens.len()).max().unwrap_or(1),
             logit_rows,
-            download_rows,
             graph: None,
         }
     }
@@ -281,9 +277,16 @@ impl<G: Gpu> CudaBackend<G> {
     /// One forward step over a batch `check_batch` has accepted.
     pub(super) fn step(&mut self, batch: &[SeqInput<'_>]) -> Result<Duration, GpuError> {
         if batch.iter().all(|s| s.tokens.is_empty()) {
-            self.fetch_logits(0)?;
+            self.fetch_outputs(&[])?;
             return Ok(Duration::ZERO);
         }
+        // Per logit row (the batch items that want logits, in order): whether the host
+        // needs only its argmax, computed here inside the timed step.
+        let greedy: Vec<bool> = batch
+            .iter()
+            .filter(|s| s.want_logits)
+            .map(|s| s.greedy)
+            .collect();
         // A kernel profile times launches one by one, which a graph replay is not.
         let graphs = self.opts.graphs && !self.graphs.broken && self.profile.is_none();
         let shape = StepShape::plan(batch, &self.opts, graphs);
@@ -299,6 +302,9 @@ impl<G: Gpu> CudaBackend<G> {
             Some(key) => self.run_graph(key, &shape, &meta, &bufs)?,
             None => self.encode(&shape, &meta, &bufs)?,
         }
+        if greedy.contains(&true) {
+            self.launch_argmax(greedy.len())?;
+        }
         let elapsed = self.gpu.step_end()?;
         if let Some(profile) = self.profile.as_mut() {
             profile.add_step(shape.decode, self.gpu.take_kernel_times()?);
@@ -306,7 +312,7 @@ impl<G: Gpu> CudaBackend<G> {
         if shape.matmul == Matmul::Gemm {
             self.gemm_steps += 1;
         }
-        self.fetch_logits(shape.download_rows)?;
+        self.fetch_outputs(&greedy)?;
         Ok(elapsed)
     }
 

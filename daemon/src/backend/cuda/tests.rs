@@ -17,7 +17,7 @@ use crate::backend::parity::{compare, greedy, ParityPlan};
 use crate::backend::{Backend, CpuBackend};
 use crate::gguf::GgufFile;
 use crate::model::synth::{synth_gguf, SynthSpec};
-use crate::model::{Arch, Model};
+use crate::model::{Arch, BlockTable, Model, SeqInput};
 use crate::quant::GgmlType;
 
 fn emulator() -> Option<EmuGpu> {
@@ -315,6 +315,82 @@ fn emulated_cuda_graphs_replay_decode_exactly_as_launch_by_launch() {
     assert!(captured2 > captured, "grown scratch means a new capture");
     assert_eq!(replayed2 - replayed, 3, "every decode step replays a graph");
     assert_eq!(graphed.kv_used_blocks(), 0);
+}
+
+/// Rows a step marks greedy come back as device picks, their logits left on the
+/// device; the other rows' logits arrive whole. Against a twin backend that downloads
+/// every row, through a prefill (picked rows) and graph-replayed decode steps, with the
+/// greedy rows first, last and in the middle.
+#[test]
+fn greedy_rows_come_back_as_device_picks_and_the_rest_as_logits() {
+    let (Some(emu_a), Some(emu_b)) = (emulator(), emulator()) else {
+        return;
+    };
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q4_0));
+    let (_, dev_model) = model(&s);
+    let mut full = CudaBackend::new(&dev_model, emu_a, opts(8)).expect("upload");
+    let mut mixed = CudaBackend::new(&dev_model, emu_b, opts(8)).expect("upload");
+    let vocab = s.vocab_size;
+    let mut seqs: Vec<Vec<u32>> = (0..3).map(|i| prompt(9 + i, i as u32, vocab)).collect();
+    let mut tables = [(); 6].map(|_| BlockTable::default());
+    let (ta, tb) = tables.split_at_mut(3);
+    for (t, sq) in ta.iter_mut().chain(tb.iter_mut()).zip(seqs.iter().cycle()) {
+        full.reserve(t, sq.len() + 8).unwrap();
+        mixed.reserve(t, sq.len() + 8).unwrap();
+    }
+    let patterns = [
+        [true, false, true],
+        [false, true, false],
+        [true, true, false],
+    ];
+    let mut start = vec![0; 3];
+    for (step, greedy_rows) in patterns.iter().enumerate() {
+        full.forward(&inputs(ta, &seqs, &start, &[false; 3]))
+            .expect("step");
+        mixed
+            .forward(&inputs(tb, &seqs, &start, greedy_rows))
+            .expect("step");
+        let mut next = Vec::new();
+        for (i, &g) in greedy_rows.iter().enumerate() {
+            let want = greedy(full.logits_mut(i));
+            assert_eq!(full.greedy_pick(i), None, "unmarked rows have no pick");
+            if g {
+                assert_eq!(mixed.greedy_pick(i), Some(want), "step {step} row {i}");
+            } else {
+                assert_eq!(mixed.greedy_pick(i), None, "step {step} row {i}");
+                assert_eq!(
+                    mixed.logits_mut(i),
+                    full.logits_mut(i),
+                    "step {step} row {i}"
+                );
+            }
+            next.push(want);
+        }
+        for (i, t) in next.into_iter().enumerate() {
+            start[i] = seqs[i].len();
+            seqs[i].push(t);
+        }
+    }
+    let (captured, replayed) = mixed.graph_counts();
+    assert!(captured >= 1 && replayed >= 1, "decode steps ran as graphs");
+}
+
+/// Each sequence's tokens from `start`, all wanting logits, greedy where `marked`.
+fn inputs<'a>(
+    tables: &'a [BlockTable],
+    seqs: &'a [Vec<u32>],
+    start: &[usize],
+    marked: &[bool; 3],
+) -> Vec<SeqInput<'a>> {
+    (0..3)
+        .map(|i| SeqInput {
+            table: &tables[i],
+            tokens: &seqs[i][start[i]..],
+            start_pos: start[i],
+            want_logits: true,
+            greedy: marked[i],
+        })
+        .collect()
 }
 
 /// Contexts past one attention partition (256 positions) split the decode attention
