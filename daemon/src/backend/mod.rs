@@ -40,6 +40,19 @@ pub trait DeviceReport: Send + Sync {
 }
 
 /// One compute backend: the forward pass, its KV cache and its logits.
+/// Threads on the host that a backend lends the engine between its steps.
+pub trait HostThreads {
+    /// Calls `f(i)` once for every `i` in `0..tasks`, in parallel where there are
+    /// threads for it, and returns when all have returned.
+    fn for_each_task(&self, tasks: usize, f: &(dyn Fn(usize) + Sync));
+}
+
+impl HostThreads for cpu::ThreadPool {
+    fn for_each_task(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        cpu::ThreadPool::for_each_task(self, tasks, f);
+    }
+}
+
 pub trait Backend: Send {
     /// Runs one step over `batch`, writing its K/V into this backend's cache and the
     /// requested logits where [`Backend::logits_mut`] finds them. Returns the step's
@@ -49,6 +62,11 @@ pub trait Backend: Send {
     /// Logits of the `i`-th batch item of the last step that asked for them (in batch
     /// order), mutable because samplers apply penalties in place.
     fn logits_mut(&mut self, i: usize) -> &mut [f32];
+
+    /// The first `rows` logit rows of the last step, back to back (`rows * vocab`
+    /// floats; fewer if the step made fewer), with the host threads to sample them on:
+    /// the CPU forward's pool (`--threads`), or a pool of the host's cores behind a GPU.
+    fn logit_rows_mut(&mut self, rows: usize) -> (&mut [f32], &dyn HostThreads);
 
     /// The argmax of the `i`-th logit row of the last step (the sampler's greedy rule:
     /// the highest logit, the lowest id among equals, NaN never), where the backend

@@ -289,8 +289,10 @@ impl EngineCore {
         };
         self.shared.record_step(elapsed);
 
+        // The sequences that pick a token now, by index in `running`, and their rows.
+        let mut picking: Vec<(usize, usize)> = Vec::new();
         let mut logit_row = 0;
-        for (s, &n) in self.running.iter_mut().zip(&take) {
+        for (i, (s, &n)) in self.running.iter_mut().zip(&take).enumerate() {
             if n == 0 {
                 continue;
             }
@@ -304,17 +306,31 @@ impl EngineCore {
             if s.n_cached < s.tokens.len() {
                 continue;
             }
-            let row = logit_row;
-            logit_row += 1;
-            if s.finish.is_some() {
-                continue;
+            if s.finish.is_none() {
+                picking.push((i, logit_row));
             }
-            let ctx = self.model.config.context_length;
-            // A plain greedy row's pick may come from the device, its logits left there.
-            let picked = s.logprobs.is_none() && s.sampler.is_plain_greedy();
-            match self.backend.greedy_pick(row).filter(|_| picked) {
-                Some(token) => emit(s, token, None, &self.tokenizer, ctx),
-                None => sample_and_emit(s, self.backend.logits_mut(row), &self.tokenizer, ctx),
+            logit_row += 1;
+        }
+        let chosen = choose_tokens(
+            &mut self.running,
+            self.backend.as_mut(),
+            &self.tokenizer,
+            &picking,
+            logit_row,
+            self.model.config.vocab_size,
+        );
+        let ctx = self.model.config.context_length;
+        for (&(i, _), choice) in picking.iter().zip(chosen) {
+            let s = &mut self.running[i];
+            match choice {
+                Some((token, lp)) => emit(s, token, lp, &self.tokenizer, ctx),
+                // The backend handed over fewer rows than the step asked for: a bug,
+                // reported on the request rather than answered with a made-up token.
+                None => {
+                    tracing::error!(job = s.job, "no logits for a sequence that wanted them");
+                    s.send_error(ErrorKind::Engine, "engine step produced no logits".into());
+                    s.finish.get_or_insert(FinishReason::Error);
+                }
             }
         }
     }
@@ -430,11 +446,10 @@ impl EngineCore {
     }
 }
 
-/// Samples the next token of `s` from `logits`, streams it, and decides whether the
-/// sequence ends here.
-fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: usize) {
+/// One sequence's next token (and its logprobs, when asked for) from its logit row.
+fn sample(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer) -> (u32, Option<TokenLogprobs>) {
     // Logprobs describe the model's own distribution, before penalties and temperature.
-    let (token, lp) = match s.logprobs {
+    match s.logprobs {
         Some(n) => {
             let (token, lp) = s
                 .sampler
@@ -442,8 +457,69 @@ fn sample_and_emit(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer, ctx: u
             (token, Some(lp))
         }
         None => (s.sampler.sample(logits, &s.tokens), None),
+    }
+}
+
+/// The next token of each `(running index, logit row)` in `picking` (increasing in
+/// both), in that order (`None` where the backend has no such row): a plain greedy
+/// request's from the backend where it made the pick itself, the others sampled from
+/// their rows on the backend's host threads (a sampled row over a 128k vocabulary costs
+/// the host 0.6 to 1.5 ms, so a batch of 32 sampled on one thread would keep a GPU
+/// waiting far longer than its step took).
+fn choose_tokens(
+    running: &mut [Sequence],
+    backend: &mut dyn Backend,
+    tok: &Tokenizer,
+    picking: &[(usize, usize)],
+    rows: usize,
+    vocab: usize,
+) -> Vec<Option<(u32, Option<TokenLogprobs>)>> {
+    let mut chosen: Vec<Option<(u32, Option<TokenLogprobs>)>> = picking
+        .iter()
+        .map(|&(i, row)| {
+            let s = &running[i];
+            let plain = s.logprobs.is_none() && s.sampler.is_plain_greedy();
+            plain
+                .then(|| backend.greedy_pick(row))
+                .flatten()
+                .map(|t| (t, None))
+        })
+        .collect();
+
+    /// A row to sample: the sequence, its logits, where its choice goes.
+    struct Task<'a> {
+        seq: &'a mut Sequence,
+        logits: &'a mut [f32],
+        out: &'a mut Option<(u32, Option<TokenLogprobs>)>,
+    }
+    let (all_rows, host) = backend.logit_rows_mut(rows);
+    let mut rows_left = all_rows.chunks_mut(vocab.max(1));
+    let mut seqs_left = running.iter_mut().enumerate();
+    let (mut next_row, mut next_seq) = (0, 0);
+    let mut tasks = Vec::new();
+    for (&(i, row), out) in picking.iter().zip(chosen.iter_mut()) {
+        if out.is_some() {
+            continue;
+        }
+        // Both advance monotonically: skip to this task's sequence and row.
+        let Some(logits) = rows_left.nth(row - next_row) else {
+            break;
+        };
+        let Some((_, seq)) = seqs_left.nth(i - next_seq) else {
+            break;
+        };
+        (next_row, next_seq) = (row + 1, i + 1);
+        tasks.push(std::sync::Mutex::new(Task { seq, logits, out }));
+    }
+    // Each task's lock is taken once, by the one thread that runs it.
+    let run = |t: usize| {
+        let mut task = tasks[t].lock().unwrap_or_else(|e| e.into_inner());
+        let Task { seq, logits, out } = &mut *task;
+        **out = Some(sample(seq, logits, tok));
     };
-    emit(s, token, lp, tok, ctx);
+    host.for_each_task(tasks.len(), &run);
+    drop(tasks);
+    chosen
 }
 
 /// Appends the chosen `token` to `s` and streams it (with its text, once whole and clear

@@ -134,6 +134,13 @@ impl Workspace {
         &mut self.logits[i * vocab..(i + 1) * vocab]
     }
 
+    /// The first `rows` logit rows, back to back (fewer if the step made fewer), and
+    /// the pool.
+    pub fn logit_rows_mut(&mut self, rows: usize, vocab: usize) -> (&mut [f32], &ThreadPool) {
+        let n = (rows * vocab).min(self.logits.len());
+        (&mut self.logits[..n], &self.pool)
+    }
+
     pub fn logit_rows(&self) -> usize {
         self.logit_rows
     }

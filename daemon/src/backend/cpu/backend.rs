@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{Backend, BackendError, DeviceReport};
+use crate::backend::{Backend, BackendError, DeviceReport, HostThreads};
 use crate::model::{BlockTable, KvCache, KvFull, Model, SeqInput, Workspace};
 
 pub struct CpuBackend {
@@ -47,6 +47,11 @@ impl Backend for CpuBackend {
 
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         self.ws.logits_mut(i, self.model.config.vocab_size)
+    }
+
+    fn logit_rows_mut(&mut self, rows: usize) -> (&mut [f32], &dyn HostThreads) {
+        let (rows, pool) = self.ws.logit_rows_mut(rows, self.model.config.vocab_size);
+        (rows, pool)
     }
 
     fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {

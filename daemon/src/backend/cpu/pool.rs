@@ -106,6 +106,23 @@ impl ThreadPool {
         self.shared.n_threads
     }
 
+    /// Calls `f(i)` once for every `i` in `0..tasks`, spread over the pool's threads as
+    /// they come free (tasks of uneven cost balance), and returns when all have returned.
+    pub fn for_each_task(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if tasks <= 1 {
+            (0..tasks).for_each(f);
+            return;
+        }
+        let next = AtomicUsize::new(0);
+        self.run(&|_, _| loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= tasks {
+                break;
+            }
+            f(i);
+        });
+    }
+
     /// Calls `f(index, n_threads)` exactly once for every index in `0..n_threads`, in
     /// parallel, and returns when all calls have returned. The caller runs index 0 and
     /// any index no worker has claimed by then, so two indices may share a thread. A

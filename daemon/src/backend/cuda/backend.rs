@@ -6,7 +6,7 @@
 //! for an error well inside the parity bar), the step's device scratch and the host
 //! copy of the logits the engine samples from.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sparkd_kernels::names::KvType;
@@ -14,7 +14,8 @@ use sparkd_kernels::names::KvType;
 use super::gpu::{u32_bytes, Buf, Gpu, GpuError, KernelTime, KernelTotals};
 use super::graphs::Graphs;
 use super::weights::DevWeights;
-use crate::backend::{Backend, BackendError, DeviceReport};
+use crate::backend::cpu::ThreadPool;
+use crate::backend::{Backend, BackendError, DeviceReport, HostThreads};
 use crate::model::config::ModelConfig;
 use crate::model::{BlockPool, BlockTable, KvFull, Model, SeqInput, BLOCK_TOKENS};
 
@@ -123,6 +124,8 @@ pub struct CudaBackend<G: Gpu> {
     /// The last step's device picks by logit row: `Some` for rows the batch marked
     /// greedy, whose logits stay on the device.
     pub(super) picks: Vec<Option<u32>>,
+    /// Host threads for the engine's sampling (`Backend::run_on_host`).
+    host_pool: OnceLock<ThreadPool>,
     /// Host copy of the last step's logits, `logit_rows` rows of the vocabulary.
     pub(super) logits: Vec<f32>,
     pub(super) logit_rows: usize,
@@ -209,6 +212,7 @@ impl<G: Gpu> CudaBackend<G> {
             logits: Vec::new(),
             logit_rows: 0,
             picks: Vec::new(),
+            host_pool: OnceLock::new(),
             report,
             gemm_steps: 0,
             graphs: Graphs::default(),
@@ -373,6 +377,17 @@ impl<G: Gpu> Backend for CudaBackend<G> {
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         let v = self.cfg.vocab_size;
         &mut self.logits[i * v..(i + 1) * v]
+    }
+
+    /// The host threads are a pool of its cores (up to 16), made at first use: the
+    /// Grace CPU (or any host) is otherwise idle between the GPU's steps.
+    fn logit_rows_mut(&mut self, rows: usize) -> (&mut [f32], &dyn HostThreads) {
+        let n = (rows * self.cfg.vocab_size).min(self.logits.len());
+        let pool = self.host_pool.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            ThreadPool::new(cores.min(16))
+        });
+        (&mut self.logits[..n], pool)
     }
 
     fn greedy_pick(&mut self, i: usize) -> Option<u32> {
