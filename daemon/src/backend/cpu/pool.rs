@@ -302,6 +302,23 @@ mod tests {
     }
 
     #[test]
+    fn every_task_runs_exactly_once_whatever_the_count() {
+        for n in [1, 3] {
+            let pool = ThreadPool::new(n);
+            for tasks in [0, 1, 2, 7, 64] {
+                let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                pool.for_each_task(tasks, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "{n} threads, {tasks} tasks"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn results_are_visible_after_run() {
         let pool = ThreadPool::new(3);
         let mut data = vec![0u64; 3000];
