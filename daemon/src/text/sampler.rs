@@ -315,8 +315,6 @@ impl Sampler {
 fn top_p_cut(cands: &mut Vec<(u32, f32)>, max: f32, top_p: f32, sorted: bool) {
     const BUCKETS: usize = 1024;
     let weight = |l: f32| f64::from(l - max).exp();
-    let total: f64 = cands.iter().map(|c| weight(c.1)).sum();
-    let target = f64::from(top_p) * total;
     let min = cands
         .iter()
         .map(|c| c.1)
@@ -329,10 +327,16 @@ fn top_p_cut(cands: &mut Vec<(u32, f32)>, max: f32, top_p: f32, sorted: bool) {
         // Bucket 0 holds the highest logits; a lower bucket means a strictly higher logit.
         let bucket_of =
             |l: f32| (((max - l) / span * (BUCKETS - 1) as f32) as usize).min(BUCKETS - 1);
+        // One exp per candidate (the cost of this cut) gives both the buckets' mass and
+        // the total, summed in candidate order.
         let mut mass = vec![0f64; BUCKETS];
+        let mut total = 0.0;
         for c in cands.iter() {
-            mass[bucket_of(c.1)] += weight(c.1);
+            let w = weight(c.1);
+            mass[bucket_of(c.1)] += w;
+            total += w;
         }
+        let target = f64::from(top_p) * total;
         let mut edge = BUCKETS - 1;
         for (b, &m) in mass.iter().enumerate() {
             if cum + m >= target {
@@ -361,6 +365,8 @@ fn top_p_cut(cands: &mut Vec<(u32, f32)>, max: f32, top_p: f32, sorted: bool) {
         return;
     }
     // Sorted already (top-k ran), or all logits equal and so in id order.
+    let total: f64 = cands.iter().map(|c| weight(c.1)).sum();
+    let target = f64::from(top_p) * total;
     let cut = cands.iter().position(|c| {
         cum += weight(c.1);
         cum >= target
