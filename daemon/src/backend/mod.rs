@@ -39,7 +39,6 @@ pub trait DeviceReport: Send + Sync {
     fn device(&self) -> String;
 }
 
-/// One compute backend: the forward pass, its KV cache and its logits.
 /// Threads on the host that a backend lends the engine between its steps.
 pub trait HostThreads {
     /// Calls `f(i)` once for every `i` in `0..tasks`, in parallel where there are
@@ -53,6 +52,7 @@ impl HostThreads for cpu::ThreadPool {
     }
 }
 
+/// One compute backend: the forward pass, its KV cache and its logits.
 pub trait Backend: Send {
     /// Runs one step over `batch`, writing its K/V into this backend's cache and the
     /// requested logits where [`Backend::logits_mut`] finds them. Returns the step's
