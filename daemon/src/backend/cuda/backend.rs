@@ -124,7 +124,7 @@ pub struct CudaBackend<G: Gpu> {
     /// The last step's device picks by logit row: `Some` for rows the batch marked
     /// greedy, whose logits stay on the device.
     pub(super) picks: Vec<Option<u32>>,
-    /// Host threads for the engine's sampling (`Backend::run_on_host`).
+    /// Host threads for the engine's sampling (`Backend::logit_rows_mut`).
     host_pool: OnceLock<ThreadPool>,
     /// Host copy of the last step's logits, `logit_rows` rows of the vocabulary.
     pub(super) logits: Vec<f32>,
