@@ -68,6 +68,31 @@ impl KernelCache {
             .join(format!("{stem}.{arch}.{}.cubin", &key[..key.len().min(32)]))
     }
 
+    /// Deletes the PTX cache of sparkd versions that loaded PTX (`ptx/` beside this
+    /// cache's `kernels/`), which nothing reads any more. Only a folder holding nothing
+    /// but `.ptx` files (and a compile's temporaries) goes; the count removed is returned.
+    pub fn remove_legacy_ptx(&self) -> usize {
+        let Some(root) = self.dir.parent().filter(|_| self.dir.ends_with("kernels")) else {
+            return 0;
+        };
+        let legacy = root.join("ptx");
+        let Ok(entries) = std::fs::read_dir(&legacy) else {
+            return 0;
+        };
+        let names: Vec<_> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect();
+        let ours = |n: &std::ffi::OsStr| {
+            let n = n.to_string_lossy();
+            n.ends_with(".ptx") || (n.starts_with('.') && n.ends_with(".tmp"))
+        };
+        if !names.iter().all(|n| ours(n)) || std::fs::remove_dir_all(&legacy).is_err() {
+            return 0;
+        }
+        names.len()
+    }
+
     /// The cached image for the key, if any. The caller checks that it is a whole cubin
     /// for the architecture (`KernelImage::new`) before handing it to the driver.
     pub fn load(&self, unit: &str, arch: Arch, key: &str) -> Option<Vec<u8>> {
@@ -121,6 +146,31 @@ mod tests {
         let ab = KernelCache::key("s", a90, &["ab".into()], v(13, 0));
         let a_b = KernelCache::key("s", a90, &["a".into(), "b".into()], v(13, 0));
         assert_ne!(ab, a_b);
+    }
+
+    #[test]
+    fn the_legacy_ptx_folder_goes_only_when_it_holds_nothing_but_ptx() {
+        let root = std::env::temp_dir().join(format!("sparkd-legacy-{}", std::process::id()));
+        let cache = KernelCache::new(root.join("kernels"));
+        let legacy = root.join("ptx");
+        assert_eq!(cache.remove_legacy_ptx(), 0, "no folder");
+        std::fs::create_dir_all(&legacy).unwrap();
+        std::fs::write(legacy.join("matvec.sm_90.abc.ptx"), "x").unwrap();
+        std::fs::write(legacy.join("notes.txt"), "mine").unwrap();
+        assert_eq!(cache.remove_legacy_ptx(), 0, "a file that is not ours");
+        assert!(legacy.join("notes.txt").exists());
+        std::fs::remove_file(legacy.join("notes.txt")).unwrap();
+        std::fs::write(legacy.join(".matvec.cu.12.tmp"), "x").unwrap();
+        assert_eq!(cache.remove_legacy_ptx(), 2);
+        assert!(!legacy.exists());
+        // A cache folder of another name never touches its neighbours.
+        std::fs::create_dir_all(&legacy).unwrap();
+        std::fs::write(legacy.join("a.ptx"), "x").unwrap();
+        assert_eq!(
+            KernelCache::new(root.join("elsewhere")).remove_legacy_ptx(),
+            0
+        );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -326,6 +326,12 @@ impl Compiler {
             .map(|(_, c)| c)
             .collect::<Result<Vec<_>, _>>()?;
         let cached = compiled.iter().filter(|c| c.from_cache).count();
+        if let Some(cache) = &self.cache {
+            let removed = cache.remove_legacy_ptx();
+            if removed > 0 {
+                tracing::info!(files = removed, "removed the PTX cache of an older sparkd");
+            }
+        }
         tracing::info!(
             %arch,
             units = compiled.len(),
