@@ -4,12 +4,11 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
 use crate::nvrtc::NvrtcVersion;
-use crate::Arch;
+use crate::{unique_suffix, Arch};
 
 /// Overrides the cache root (`$SPARKD_CACHE/kernels`), as the wheel installer and the
 /// systemd unit do.
@@ -102,16 +101,11 @@ impl KernelCache {
     /// Stores an image atomically (temporary file, then rename), so readers never see a
     /// partial file.
     pub fn store(&self, unit: &str, arch: Arch, key: &str, image: &[u8]) -> std::io::Result<()> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(&self.dir)?;
         let dest = self.path(unit, arch, key);
         // Unique per process and call: two compilers in one process may store the same
         // module at once.
-        let tmp = self.dir.join(format!(
-            ".{unit}.{}-{}.tmp",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = self.dir.join(format!(".{unit}.{}.tmp", unique_suffix()));
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(image)?;
         f.sync_all()?;

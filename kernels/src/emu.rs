@@ -11,12 +11,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
 use crate::sources::{HEADERS, SOURCES};
+use crate::unique_suffix;
 
 const EMU_FILES: &[(&str, &str)] = &[
     ("emu/cuda_emu.h", include_str!("../emu/cuda_emu.h")),
@@ -360,14 +360,4 @@ fn build_once(source: &str, output: &str, extra: &[&str]) -> Result<PathBuf, Emu
     }
     std::fs::rename(&tmp, &out_path)?;
     Ok(out_path)
-}
-
-/// A name part no other thread or process uses at the same time.
-fn unique_suffix() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }

@@ -23,3 +23,15 @@ pub use compile::{compile, units, Compiled, Compiler, KernelImage, KernelSet, Un
 pub use error::KernelError;
 pub use nvrtc::{load as load_nvrtc, NvrtcVersion, NVRTC_LIB_ENV};
 pub use sources::{expand, source, HEADERS, SOURCES};
+
+/// A name part no other thread or process uses at the same time (temporary files of the
+/// kernel cache and the emulator's builds, the emulator's job folders).
+fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
