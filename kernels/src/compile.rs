@@ -1,10 +1,10 @@
 //! Compiling the modules for an architecture, through the kernel cache.
 //!
 //! Each module is compiled to SASS for the device's own `sm_NN` (a cubin), not to PTX
-//! for the driver to JIT. So nothing is JIT-compiled at start (the driver's JIT cache is
-//! often unusable for a system service), and NVRTC may be newer than the driver within
-//! one CUDA major version: CUDA's minor-version compatibility covers SASS, while PTX
-//! from a newer NVRTC does not load.
+//! for the driver to JIT. So nothing is JIT-compiled at start (whatever the state of
+//! the driver's own JIT cache), and NVRTC may be newer than the driver within one CUDA
+//! major version: CUDA's minor-version compatibility covers SASS, while PTX from a newer
+//! NVRTC does not load.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -245,23 +245,17 @@ impl Compiler {
                 }
             }
         }
-        let out = nvrtc::compile(name, &arch.to_string(), &source, &options)?;
-        let image = KernelImage::new(unit, arch, out.cubin)?;
+        let compiled = compile_fresh(unit, arch, &source, &options)?;
         if let Some(cache) = &self.cache {
             // A read-only or full disk costs a recompile next time, nothing more.
-            if let Err(e) = cache.store(&label, arch, &key, image.cubin()) {
+            if let Err(e) = cache.store(&label, arch, &key, compiled.image.cubin()) {
                 tracing::warn!(dir = %cache.dir().display(), error = %e, "cannot cache kernels");
             }
         }
-        if !out.log.is_empty() {
-            tracing::warn!(module = %label, %arch, log = %out.log, "NVRTC diagnostics");
+        if !compiled.log.is_empty() {
+            tracing::warn!(module = %label, %arch, log = %compiled.log, "NVRTC diagnostics");
         }
-        Ok(Compiled {
-            image,
-            ptx: Some(out.ptx),
-            log: out.log,
-            from_cache: false,
-        })
+        Ok(compiled)
     }
 
     /// Compiles `module` past the cache with ptxas's resource report (registers, shared
@@ -276,13 +270,7 @@ impl Compiler {
         let source = sources::expand(name)?;
         let mut options = self.options(arch);
         options.push("--ptxas-options=-v".to_string());
-        let out = nvrtc::compile(name, &arch.to_string(), &source, &options)?;
-        Ok(Compiled {
-            image: KernelImage::new(Unit::whole(name), arch, out.cubin)?,
-            ptx: Some(out.ptx),
-            log: out.log,
-            from_cache: false,
-        })
+        compile_fresh(Unit::whole(name), arch, &source, &options)
     }
 
     /// Every module for `arch`, as the [`units`].
@@ -347,6 +335,22 @@ impl Compiler {
             modules,
         })
     }
+}
+
+/// `unit` (its module's expanded `source`) through NVRTC with `options`, past the cache.
+fn compile_fresh(
+    unit: Unit,
+    arch: Arch,
+    source: &str,
+    options: &[String],
+) -> Result<Compiled, KernelError> {
+    let out = nvrtc::compile(unit.module, &arch.to_string(), source, options)?;
+    Ok(Compiled {
+        image: KernelImage::new(unit, arch, out.cubin)?,
+        ptx: Some(out.ptx),
+        log: out.log,
+        from_cache: false,
+    })
 }
 
 /// The `SOURCES` name equal to `module`.
