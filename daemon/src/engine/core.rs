@@ -266,7 +266,7 @@ impl EngineCore {
                 tokens: &s.tokens[s.n_cached..s.n_cached + n],
                 start_pos: s.n_cached,
                 want_logits: s.n_cached + n == s.tokens.len(),
-                greedy: s.logprobs.is_none() && s.sampler.is_plain_greedy(),
+                greedy: s.plain_greedy(),
             })
             .collect();
         let mut result = self.backend.forward(&batch).map_err(|e| e.to_string());
@@ -477,9 +477,8 @@ fn choose_tokens(
     let mut chosen: Vec<Option<(u32, Option<TokenLogprobs>)>> = picking
         .iter()
         .map(|&(i, row)| {
-            let s = &running[i];
-            let plain = s.logprobs.is_none() && s.sampler.is_plain_greedy();
-            plain
+            running[i]
+                .plain_greedy()
                 .then(|| backend.greedy_pick(row))
                 .flatten()
                 .map(|t| (t, None))

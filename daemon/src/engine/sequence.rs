@@ -82,6 +82,12 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// Whether its next token is the argmax of the logits as the model made them (no
+    /// sampling, bias, penalty or logprobs), which a backend may pick on the device.
+    pub fn plain_greedy(&self) -> bool {
+        self.logprobs.is_none() && self.sampler.is_plain_greedy()
+    }
+
     pub fn completion_tokens(&self) -> usize {
         self.tokens.len() - self.n_prompt
     }
