@@ -48,6 +48,9 @@ async fn wait_idle(client: &spark_client::Client) -> StatusReport {
     }
 }
 
+/// The engine's test hook that makes each forward step 5 ms longer.
+const SLOW_STEPS: (&str, &str) = ("SPARKD_FAULT_STEP_DELAY_MS", "5");
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_tokens_then_one_done_with_own_usage_and_timings() {
     let d = Daemon::start(&tiny_model(), &[]);
@@ -122,7 +125,8 @@ async fn concurrent_requests_each_get_their_own_figures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_ends_with_done_and_frees_kv() {
-    let d = Daemon::start(&tiny_model(), &[]);
+    // Slowed, so that the cancel reaches a request that is still generating.
+    let d = Daemon::start_with_env(&tiny_model(), &[], &[(SLOW_STEPS.0, SLOW_STEPS.1)]);
     let c = d.client().await;
     let mut gen = c
         .generate(raw_request(7, "a long answer please", 400))
@@ -147,7 +151,9 @@ async fn cancel_ends_with_done_and_frees_kv() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_mid_stream_cancels_and_frees_kv() {
-    let d = Daemon::start(&tiny_model(), &[]);
+    // Slowed so that 400 tokens take seconds: the request is still generating when the
+    // client goes, however busy the machine.
+    let d = Daemon::start_with_env(&tiny_model(), &[], &[(SLOW_STEPS.0, SLOW_STEPS.1)]);
     {
         let c = d.client().await;
         let mut gen = c
@@ -162,16 +168,26 @@ async fn disconnect_mid_stream_cancels_and_frees_kv() {
     assert_eq!((s.running, s.kv_blocks_used), (0, 0));
     let jobs = observer.jobs(10).await.unwrap();
     assert_eq!(jobs.len(), 1, "status {s:?}; daemon log:\n{}", d.log_text());
-    assert!(matches!(
-        jobs[0].finish_reason,
-        FinishReason::Disconnected | FinishReason::Cancelled
-    ));
+    assert!(
+        matches!(
+            jobs[0].finish_reason,
+            FinishReason::Disconnected | FinishReason::Cancelled
+        ),
+        "{:?}",
+        jobs[0]
+    );
     assert!(jobs[0].usage.completion_tokens < 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_full_is_busy_at_once() {
-    let d = Daemon::start(&tiny_model(), &["--max-running", "1", "--max-queued", "1"]);
+    // Slowed, so that the first request still runs and the second still waits when the
+    // third arrives, however busy the machine.
+    let d = Daemon::start_with_env(
+        &tiny_model(),
+        &["--max-running", "1", "--max-queued", "1"],
+        &[(SLOW_STEPS.0, SLOW_STEPS.1)],
+    );
     let c = d.client().await;
     let _a = c.generate(raw_request(1, "first", 400)).await.unwrap();
     let _b = c.generate(raw_request(2, "second", 400)).await.unwrap();

@@ -24,6 +24,12 @@ use super::ConnId;
 /// engine fails. Read once when the engine starts; unset, it costs one comparison a step.
 pub const FAULT_FAIL_STEP_ENV: &str = "SPARKD_FAULT_FAIL_STEP";
 
+/// Test hook: `SPARKD_FAULT_STEP_DELAY_MS=<ms>` makes every forward step take that much
+/// longer, as a slow backend would, so that tests of what happens while a request is
+/// still generating (a disconnect, a full queue) do not race a tiny model that finishes
+/// hundreds of tokens in a few milliseconds. Read once when the engine starts.
+pub const FAULT_STEP_DELAY_ENV: &str = "SPARKD_FAULT_STEP_DELAY_MS";
+
 /// How often an idle engine loop still goes round, so that the systemd watchdog (which
 /// checks the loop's heartbeat) sees it alive; cheap at 10 wake-ups a second.
 const IDLE_HEARTBEAT: Duration = Duration::from_millis(100);
@@ -64,11 +70,12 @@ pub struct EngineCore {
     fault: FaultHook,
 }
 
-/// The `SPARKD_FAULT_FAIL_STEP` test hook's state.
+/// The state of the `SPARKD_FAULT_*` test hooks.
 #[derive(Debug, Default)]
 struct FaultHook {
     fail_step: Option<u64>,
     steps: u64,
+    step_delay: Option<Duration>,
 }
 
 impl FaultHook {
@@ -82,14 +89,29 @@ impl FaultHook {
                 "test hook {FAULT_FAIL_STEP_ENV} set: forward step {n} will fail"
             );
         }
+        let step_delay = std::env::var(FAULT_STEP_DELAY_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_millis);
+        if let Some(d) = step_delay {
+            tracing::warn!(
+                ms = d.as_millis() as u64,
+                "test hook {FAULT_STEP_DELAY_ENV} set: every forward step is slowed down"
+            );
+        }
         Self {
             fail_step,
             steps: 0,
+            step_delay,
         }
     }
 
-    /// Counts a forward step; true for the one that is to fail.
+    /// Counts a forward step, after any delay the hook adds; true for the one that is
+    /// to fail.
     fn step_fails(&mut self) -> bool {
+        if let Some(d) = self.step_delay {
+            std::thread::sleep(d);
+        }
         self.steps += 1;
         self.fail_step == Some(self.steps)
     }
