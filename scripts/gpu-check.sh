@@ -7,9 +7,11 @@
 #      llama, the other architectures, the Q4_K/Q6_K mix at head size 64, and Llama-3-8B
 #      shapes with that mix at one layer): `sparkd gpu-parity` must report a max
 #      relative logit error < 1e-2 and 32 greedy steps equal to the CPU's, on the f32
-#      paths and again on the tensor-core paths (f16 operands); a different pick passes
-#      only as a near tie (within 1e-2 in the CPU's own logits: the CPU quantizes
-#      activations to 8 bits);
+#      paths and again on the tensor-core paths (f16 operands); the reference is the
+#      CPU forward with f32 activations and exact sums (not the served CPU path, whose
+#      8-bit activations alone move logits by up to 1e-2), so the f32 paths must come
+#      within 1e-3; a different pick passes only as a near tie (within 1e-2 in the
+#      CPU's logits: random weights make ties common);
 #   2. benchmark on Llama-3-8B shapes (random weights): decode tok/s at batch 1, 8, 32,
 #      prefill tok/s at 512 and 2048 tokens, and decode GB/s against a measured
 #      device-to-device copy.
@@ -19,18 +21,20 @@
 #     (exists today) writes a synthetic GGUF.
 #   sparkd gpu-parity --model F --steps 32
 #     prints ONE line of JSON, flat:
-#       {"model":"F","device":"NVIDIA GB10","steps":32,"max_rel_err":0.0003,
-#        "greedy_matched":32,"near_tie_steps":0,"tc_steps":32,"tc_max_rel_err":0.0011,
-#        "tc_greedy_matched":31,"tc_near_tie_steps":1,"pass":true}
+#       {"model":"F","device":"NVIDIA GB10","steps":32,"max_rel_err":0.0004,
+#        "f32_max_rel_err":0.0000005,"greedy_matched":32,"near_tie_steps":0,
+#        "tc_steps":32,"tc_max_rel_err":0.0004,"tc_greedy_matched":31,
+#        "tc_near_tie_steps":1,"pass":true}
 #     Two runs. The first, all in f32 (mat-vec, f32 KV cache): two sequences, 48- and
 #     20-token prompts prefilled together, then decoded as a batch of two. The second
 #     ("tc_"), the tensor-core paths: five sequences, 266 prompt tokens through the
 #     GEMM, decoded on the tensor-core mat-mul. max_rel_err = max over both runs'
 #     compared rows of max|gpu - cpu| / max|cpu| (the prompts' last logits and each
 #     decode step; both backends are fed the CPU's greedy tokens so one flip does not
-#     cascade); greedy_matched = steps whose GPU argmax equals the CPU's in every row;
-#     near_tie_steps = the other steps where each different pick is within 1e-2 of the
-#     CPU's best logit. Exit 0 when max_rel_err < 1e-2 and, in each run,
+#     cascade), f32_max_rel_err and tc_max_rel_err each run's own; greedy_matched =
+#     steps whose GPU argmax equals the CPU's in every row; near_tie_steps = the other
+#     steps where each different pick is within 1e-2 of the CPU's best logit. Exit 0
+#     when f32_max_rel_err < 1e-3, tc_max_rel_err < 1e-2 and, in each run,
 #     greedy_matched + near_tie_steps == steps; 1 when not; anything else for errors
 #     (no GPU, unsupported model).
 #   sparkd bench --device cuda --model F --batches 1,8,32 --prefill 512,2048 --json
@@ -86,6 +90,8 @@ done
 die() { echo "gpu-check: $*" >&2; exit 1; }
 # The value of "key" in a flat JSON object (numbers, booleans, strings without commas).
 field() { printf '%s\n' "$1" | sed -n "s/.*\"$2\": *\"\{0,1\}\([^,\"}]*\).*/\1/p" | head -n1; }
+# A number as 1.23e-04 (nothing for nothing).
+sci() { [ -z "$1" ] || awk -v e="$1" 'BEGIN { printf "%.2e", e }'; }
 
 [ -x "$SPARKD" ] || die "no sparkd binary at $SPARKD (set SPARKD=...)"
 
@@ -160,18 +166,19 @@ if [ "$DO_PARITY" = 1 ]; then
     models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
   fi
   echo
-  echo "parity: GPU vs CPU logits (max rel err < 1e-2), $steps greedy steps on the f32 paths"
-  echo "and $steps on the tensor-core paths (equal+near ties/steps)"
-  printf '  %-24s %12s %8s %10s  %s\n' model "max rel err" f32 "tensor core" result
+  echo "parity: GPU vs CPU reference logits, max rel err (< 1e-3 on the f32 paths, < 1e-2 on"
+  echo "the tensor-core paths) and greedy steps (equal+near ties/steps), $steps steps each"
+  printf '  %-24s %10s %8s %10s %8s  %s\n' model "f32 err" f32 "tc err" tc result
   for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
     set +e
     line=$(timeout 900 "$SPARKD" gpu-parity --model "$m" --steps "$steps" 2>> "$LOG" | tail -n1)
     rc=$?
     set -e
-    err=$(field "$line" max_rel_err)
-    steps=$(field "$line" steps)
-    f32="$(field "$line" greedy_matched)+$(field "$line" near_tie_steps)/$steps"
+    f32_err=$(field "$line" f32_max_rel_err)
+    tc_err=$(field "$line" tc_max_rel_err)
+    ran=$(field "$line" steps)
+    f32="$(field "$line" greedy_matched)+$(field "$line" near_tie_steps)/$ran"
     [ "$f32" = "+/" ] && f32=-
     tc="$(field "$line" tc_greedy_matched)+$(field "$line" tc_near_tie_steps)/$(field "$line" tc_steps)"
     [ "$tc" = "+/" ] && tc=-
@@ -181,8 +188,8 @@ if [ "$DO_PARITY" = 1 ]; then
       124) verdict="ERROR (timed out)"; failures=$((failures + 1)) ;;
       *) verdict="ERROR (exit $rc, see log)"; failures=$((failures + 1)) ;;
     esac
-    [ -n "$err" ] && err=$(awk -v e="$err" 'BEGIN { printf "%.2e", e }')
-    printf '  %-24s %12s %8s %10s  %s\n' "$name" "${err:--}" "$f32" "$tc" "$verdict"
+    f32_err=$(sci "$f32_err"); tc_err=$(sci "$tc_err")
+    printf '  %-24s %10s %8s %10s %8s  %s\n' "$name" "${f32_err:--}" "$f32" "${tc_err:--}" "$tc" "$verdict"
   done
 fi
 

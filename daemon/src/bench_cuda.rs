@@ -51,6 +51,7 @@ pub fn parity(args: &GpuParityArgs) -> anyhow::Result<bool> {
             "device": gpu_info.name,
             "steps": f32_run.steps,
             "max_rel_err": f32_run.max_rel_err.max(tc.max_rel_err),
+            "f32_max_rel_err": f32_run.max_rel_err,
             "greedy_matched": f32_run.greedy_matched,
             "near_tie_steps": f32_run.near_tie_steps,
             "tc_steps": tc.steps,
@@ -71,13 +72,27 @@ pub(crate) struct ParityRuns {
     pub tensor_core: ParityReport,
 }
 
+/// Largest relative logit error `gpu-parity` passes on the f32 paths. Against the
+/// CPU's reference mode only summation order and the device's math functions differ
+/// there (the emulator shows 5e-7 on the small model over 32 steps), so this is far
+/// tighter than the 1e-2: a slip that costs precision without breaking the
+/// output still fails.
+pub(crate) const F32_PATHS_MAX_REL_ERR: f64 = 1e-3;
+/// The same on the tensor-core paths, whose f16 operands and KV cache round each
+/// input to 11 bits (4e-4 on the emulator): the bar.
+pub(crate) const TENSOR_CORE_MAX_REL_ERR: f64 = 1e-2;
+
 impl ParityRuns {
-    /// In both runs the logits within 1e-2 of the CPU's, and every greedy pick equal
-    /// or a near tie (see [`parity_runs`]).
+    /// Each run's logits within its bar of the CPU's ([`F32_PATHS_MAX_REL_ERR`],
+    /// [`TENSOR_CORE_MAX_REL_ERR`]), and every greedy pick equal or a near tie (see
+    /// [`parity_runs`]).
     pub fn pass(&self) -> bool {
-        [&self.f32_run, &self.tensor_core]
-            .iter()
-            .all(|r| r.max_rel_err < 1e-2 && r.greedy_matched + r.near_tie_steps == r.steps)
+        [
+            (&self.f32_run, F32_PATHS_MAX_REL_ERR),
+            (&self.tensor_core, TENSOR_CORE_MAX_REL_ERR),
+        ]
+        .iter()
+        .all(|(r, bar)| r.max_rel_err < *bar && r.greedy_matched + r.near_tie_steps == r.steps)
     }
 }
 
@@ -102,12 +117,14 @@ pub(crate) fn parity_runs<G: Gpu>(
     // (`gemm_min_tokens` is 256), decode on the tensor-core mat-mul (`mmq_min_tokens`
     // is 4; the graph pads five to eight), the KV cache in f16.
     //
-    // The reference is not exact either: like llama.cpp, the CPU quantizes activations
-    // to 8 bits for its integer dot products, which moves its logits by up to about
-    // 1e-2 of their range (6e-3 seen on the emulator's f32 run, 9.7e-3 on Q6_K). Random
-    // weights make near ties common, so a pick that differs from the CPU's passes
-    // only where the CPU scores it within `parity::NEAR_TIE` (1e-2) of its own: a tie
-    // inside the reference's own error. The report counts exact matches apart.
+    // The reference is the CPU forward in its reference mode: weights decoded to f32,
+    // products summed in f64, no 8-bit activations. (Served, the CPU quantizes
+    // activations as llama.cpp does, which alone moves random-weight logits by up to
+    // 1e-2 of their range: a GPU compared with that would spend the whole error budget
+    // on the CPU's rounding.) Against it the emulated kernels show about 4e-5 on the
+    // f32 paths and 4e-4 with f16 operands. Random weights make near ties common, so a
+    // pick that differs from the CPU's passes only where the CPU scores it within
+    // `parity::NEAR_TIE` of its own; the report counts exact matches apart.
     let lens: [&[usize]; 2] = [&[48, 20], &[120, 64, 33, 9, 40]];
     let plans = lens.map(|lens| ParityPlan {
         prompts: lens
@@ -123,7 +140,7 @@ pub(crate) fn parity_runs<G: Gpu>(
         .map(|l| l.iter().map(|n| n + steps + BLOCK_TOKENS).sum::<usize>())
         .max()
         .unwrap_or(0);
-    let mut cpu = CpuBackend::new(model.clone(), kv_tokens, threads);
+    let mut cpu = CpuBackend::reference(model.clone(), kv_tokens, threads);
     let defaults = CudaOptions {
         kv_tokens,
         ..CudaOptions::default()

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::cpu::{attn_kernels, matmul, MatmulScratch, Softmax, ThreadPool};
+use crate::backend::cpu::{attn_kernels, matmul, MatmulMode, MatmulScratch, Softmax, ThreadPool};
 
 use super::config::{ModelConfig, MAX_GQA_GROUP};
 use super::kv::{BlockTable, KvCache, BLOCK_TOKENS};
@@ -101,9 +101,14 @@ pub struct Workspace {
 
 impl Workspace {
     pub fn new(threads: usize) -> Self {
+        Self::with_matmul_mode(threads, MatmulMode::Serving)
+    }
+
+    /// A workspace whose steps multiply in `mode` (the reference for parity checks).
+    pub fn with_matmul_mode(threads: usize, mode: MatmulMode) -> Self {
         Workspace {
             pool: ThreadPool::new(threads.max(1)),
-            scratch: MatmulScratch::default(),
+            scratch: MatmulScratch::new(mode),
             x: Vec::new(),
             xn: Vec::new(),
             q: Vec::new(),

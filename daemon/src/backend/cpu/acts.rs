@@ -10,10 +10,26 @@ use crate::quant::{QK, QK_K};
 /// costs more than it saves.
 const PARALLEL_MIN_ELEMS: usize = 32 * 1024;
 
+/// How `matmul` multiplies quantized weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MatmulMode {
+    /// The serving path: activations quantized once per call to the 8-bit format that
+    /// pairs with the weights, integer dot products (as ggml does). Moves logits by up
+    /// to about 1e-2 of their range on random-weight models.
+    #[default]
+    Serving,
+    /// The reference other backends are checked against: each weight row decoded to
+    /// `f32` and multiplied with the `f32` activations, sums in `f64`. Exact up to the
+    /// rounding of the result; several times slower than serving.
+    Reference,
+}
+
 /// Buffers for one matmul call (the quantized activations), reused across calls: in
-/// steady state a matmul allocates nothing.
+/// steady state a matmul allocates nothing. Also says which [`MatmulMode`] the calls
+/// that use it run in.
 #[derive(Default)]
 pub struct MatmulScratch {
+    pub(crate) mode: MatmulMode,
     pub(crate) q8: Q8Buffers,
     pub(crate) q8k: Q8KBuffers,
 }
@@ -21,6 +37,7 @@ pub struct MatmulScratch {
 impl std::fmt::Debug for MatmulScratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MatmulScratch")
+            .field("mode", &self.mode)
             .field("q8_elems", &self.q8.qs.capacity())
             .field("q8k_elems", &self.q8k.qs.capacity())
             .finish()
@@ -28,6 +45,13 @@ impl std::fmt::Debug for MatmulScratch {
 }
 
 impl MatmulScratch {
+    pub fn new(mode: MatmulMode) -> Self {
+        Self {
+            mode,
+            ..Self::default()
+        }
+    }
+
     /// Allocated capacity of every buffer (the tests check that reuse does not grow it).
     #[cfg(test)]
     pub(crate) fn capacities(&self) -> Vec<usize> {

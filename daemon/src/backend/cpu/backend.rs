@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::cpu::MatmulMode;
 use crate::backend::{Backend, BackendError, DeviceReport, HostThreads};
 use crate::model::{BlockTable, KvCache, KvFull, Model, SeqInput, Workspace};
 
@@ -18,8 +19,24 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// A KV cache of at least `kv_tokens` positions and a pool of `threads` threads.
     pub fn new(model: Arc<Model>, kv_tokens: usize, threads: usize) -> Self {
+        Self::with_matmul_mode(model, kv_tokens, threads, MatmulMode::Serving)
+    }
+
+    /// The reference other backends are checked against: [`CpuBackend::new`] with the
+    /// matrix products in [`MatmulMode::Reference`] (f32 activations, f64 sums) instead
+    /// of on 8-bit activations. Everything else in its forward is f32 already.
+    pub fn reference(model: Arc<Model>, kv_tokens: usize, threads: usize) -> Self {
+        Self::with_matmul_mode(model, kv_tokens, threads, MatmulMode::Reference)
+    }
+
+    fn with_matmul_mode(
+        model: Arc<Model>,
+        kv_tokens: usize,
+        threads: usize,
+        mode: MatmulMode,
+    ) -> Self {
         let kv = model.new_kv_cache(kv_tokens);
-        let ws = Workspace::new(threads);
+        let ws = Workspace::with_matmul_mode(threads, mode);
         let report = Arc::new(CpuReport {
             device: describe_cpu(ws.threads()),
         });

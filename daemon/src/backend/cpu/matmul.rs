@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::acts::MatmulScratch;
+use super::acts::{MatmulMode, MatmulScratch};
 use super::dot::{
     self, F32Acts, Out, PackedDot, PackedOut, Q8Acts, WTile, MR, NR, PACK_ACTS, PACK_ROWS,
 };
@@ -140,7 +140,11 @@ pub fn matmul<'w>(
     y: &mut [f32],
     scratch: &mut MatmulScratch,
 ) {
-    let w = match w.into() {
+    let w = w.into();
+    if scratch.mode == MatmulMode::Reference {
+        return matmul_reference(pool, w, x, n, y);
+    }
+    let w = match w {
         Weight::Packed(p) => return matmul_packed(pool, p, x, n, y, scratch),
         Weight::Gguf(w) => w,
     };
@@ -191,6 +195,70 @@ pub fn matmul<'w>(
         }
         Q8_1 | Q8_K => unreachable!("rejected by WeightMatrix::check"),
     }
+}
+
+/// `matmul` in [`MatmulMode::Reference`]: threads take chunks of weight rows, decode
+/// each row to `f32` once and dot it with every activation row in `f64`.
+fn matmul_reference(pool: &ThreadPool, w: Weight, x: &[f32], n: usize, y: &mut [f32]) {
+    let (rows, cols) = match w {
+        Weight::Gguf(g) => {
+            if let Err(e) = g.check() {
+                panic!("matmul: {e}");
+            }
+            (g.rows, g.cols)
+        }
+        Weight::Packed(p) => (p.rows(), p.cols()),
+    };
+    assert_eq!(x.len(), n * cols, "matmul: x must be n x cols");
+    assert_eq!(y.len(), n * rows, "matmul: y must be n x rows");
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let chunk = rows.div_ceil(pool.n_threads() * CHUNKS_PER_THREAD);
+    let n_chunks = rows.div_ceil(chunk);
+    let next = AtomicUsize::new(0);
+    let out = SharedOut::new(y);
+    pool.run(&|_, _| {
+        let mut decoded = vec![0.0f32; cols];
+        loop {
+            let c = next.fetch_add(1, Ordering::Relaxed);
+            if c >= n_chunks {
+                break;
+            }
+            for r in c * chunk..((c + 1) * chunk).min(rows) {
+                dequantize_row(w, r, &mut decoded);
+                for (j, xj) in x.chunks_exact(cols).enumerate() {
+                    // SAFETY: row `r` is in chunk `c`, which only this thread takes, so
+                    // element (j, r) is written only here.
+                    unsafe { out.write(j * rows + r, dot_f64(&decoded, xj)) };
+                }
+            }
+        }
+    });
+}
+
+/// `sum(a[i] * b[i])` summed in `f64` (each product of two `f32`s is exact there), so
+/// the result carries little more than its own final rounding.
+fn dot_f64(a: &[f32], b: &[f32]) -> f32 {
+    // Four partial sums, so that consecutive additions do not wait on each other.
+    let mut acc = [0.0f64; 4];
+    let (qa, qb) = (a.chunks_exact(4), b.chunks_exact(4));
+    let tail: f64 = qa
+        .remainder()
+        .iter()
+        .zip(qb.remainder())
+        .map(|(&p, &q)| p as f64 * q as f64)
+        .sum();
+    for (pa, pb) in qa.zip(qb) {
+        for k in 0..4 {
+            acc[k] += pa[k] as f64 * pb[k] as f64;
+        }
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3]) + tail) as f32
 }
 
 /// Weight rows per chunk.

@@ -18,7 +18,7 @@ mod pool;
 #[cfg(test)]
 mod testutil;
 
-pub use acts::MatmulScratch;
+pub use acts::{MatmulMode, MatmulScratch};
 pub use attn::{attn_kernels, AttnKernels, Softmax};
 pub use backend::CpuBackend;
 pub use matmul::{dequantize_row, matmul, Weight, WeightMatrix};

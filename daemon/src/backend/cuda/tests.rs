@@ -80,13 +80,26 @@ fn plan(vocab: usize, steps: usize) -> ParityPlan {
     }
 }
 
-/// Runs `plan` on the CPU and on the emulated CUDA forward; asserts the bar.
+/// Largest relative logit error a parity test passes with `opts`, against the CPU's
+/// reference mode (f32 activations, exact sums): about 10x what the emulator shows.
+/// On the f32 mat-vec only the KV cache rounds (to f16 unless the case says f32): 4e-5
+/// seen. The tensor-core paths round every product's inputs to f16 as well: 4e-4 seen.
+fn error_bar(opts: &CudaOptions) -> f64 {
+    if opts.gemm_min_tokens == usize::MAX && opts.mmq_min_tokens == usize::MAX {
+        3e-4
+    } else {
+        3e-3
+    }
+}
+
+/// Runs `plan` on the CPU (reference mode) and on the emulated CUDA forward; asserts
+/// the logits within [`error_bar`] and every pick equal or a near tie.
 /// Returns the emulated device (launch profile), or `None` when the test was skipped.
 fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) -> Option<EmuGpu> {
     let emu = emulator()?;
-    let graphs = opts.graphs;
+    let (graphs, bar) = (opts.graphs, error_bar(&opts));
     let (m, dev_model) = model(spec);
-    let mut cpu = CpuBackend::new(m.clone(), 1024, 1);
+    let mut cpu = CpuBackend::reference(m.clone(), 1024, 1);
     let mut gpu = CudaBackend::new(&dev_model, emu, opts).expect("upload to the emulated device");
     // Blocks come out of the device pool in a scrambled order, so the block tables the
     // kernels follow are not the identity (the CPU pool stays in order).
@@ -110,7 +123,7 @@ fn check(name: &str, spec: &SynthSpec, plan: &ParityPlan, opts: CudaOptions) -> 
         );
     }
     assert_eq!(report.steps, plan.steps);
-    assert!(report.max_rel_err < 1e-2, "{name}: {report:?}");
+    assert!(report.max_rel_err < bar, "{name}: {report:?}");
     // Random weights make near ties common: a different pick counts only when the CPU
     // scores it within the error bar of its own (parity::NEAR_TIE).
     assert_eq!(

@@ -99,6 +99,71 @@ fn matmul_matches_a_float_reference() {
     }
 }
 
+/// Reference mode: every layout and type gives the f64 dot product of the decoded
+/// weights, rounded once (so to within a few f32 ulps of the sum's magnitude), whatever
+/// the thread count; and quantized activations (serving) land within their own bound of
+/// it.
+#[test]
+fn reference_mode_is_exact_for_every_layout_and_type() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut rng = Rng::new(17);
+    for ty in TYPES {
+        let (rows, cols, n) = (37, cols_for(ty) * 2, 6);
+        let data = random_weights(ty, rows, cols, &mut rng);
+        let wf = dequantize_all(ty, &data, rows, cols);
+        let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();
+        let packed = PACKABLE
+            .contains(&ty)
+            .then(|| PackedMatrix::pack(&w).unwrap());
+        let x = random_acts(n * cols, &mut rng);
+        let mut layouts: Vec<Weight> = vec![w.into()];
+        layouts.extend(packed.as_ref().map(Weight::from));
+        for (layout, pool) in layouts
+            .iter()
+            .flat_map(|l| pools.iter().map(move |p| (l, p)))
+        {
+            let mut y = vec![f32::NAN; n * rows];
+            let mut scratch = MatmulScratch::new(MatmulMode::Reference);
+            matmul(pool, *layout, &x, n, &mut y, &mut scratch);
+            let mut serving = vec![f32::NAN; n * rows];
+            matmul(
+                pool,
+                *layout,
+                &x,
+                n,
+                &mut serving,
+                &mut MatmulScratch::default(),
+            );
+            for i in 0..n {
+                for r in 0..rows {
+                    let (wr, xi) = (&wf[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+                    let exact: f64 = wr.iter().zip(xi).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let mag: f64 = wr
+                        .iter()
+                        .zip(xi)
+                        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                        .sum();
+                    let got = y[i * rows + r] as f64;
+                    assert!(
+                        (got - exact).abs() <= 1e-7 * mag + 1e-30,
+                        "{ty} y[{i}][{r}] = {got}, want {exact} ({layout:?})"
+                    );
+                    let block = if cols_for(ty) == 512 { 256 } else { 32 };
+                    let bound = match ty {
+                        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 0.0,
+                        _ => act_quant_bound(wr, xi, block) as f64,
+                    };
+                    let served = serving[i * rows + r] as f64;
+                    assert!(
+                        (served - exact).abs() <= 1e-5 * mag + bound + 1e-6,
+                        "{ty} serving y[{i}][{r}] = {served}, reference {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn large_batches_use_the_parallel_quantizer_consistently() {
     // Big enough for the parallel activation quantizer and many chunks.
