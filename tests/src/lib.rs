@@ -111,6 +111,22 @@ pub fn raw_request(
     }
 }
 
+/// The tiny synthetic model's end-of-generation tokens: `<|endoftext|>` and `<|im_end|>`,
+/// two of the three ChatML specials that end its 320-token vocabulary.
+pub const TINY_MODEL_EOG: [u32; 2] = [317, 319];
+
+/// `req` with [`TINY_MODEL_EOG`] banned, for a test that needs the stream to run to
+/// `max_tokens` (or to be stopped by something else): random weights may otherwise end
+/// it at any step.
+pub fn to_full_length(
+    mut req: spark_client::protocol::GenerateRequest,
+) -> spark_client::protocol::GenerateRequest {
+    req.sampling
+        .logit_bias
+        .extend(TINY_MODEL_EOG.map(|id| (id, f32::NEG_INFINITY)));
+    req
+}
+
 /// The real default model, when it has been fetched.
 pub fn default_model() -> Option<PathBuf> {
     let p = spark_client::models::models_dir().join("smollm2-135m-instruct.gguf");

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use spark_client::protocol::*;
 use spark_client::GenerationEvent;
-use sparkd_e2e::{bin, raw_request, strip_ansi, synth_model, tiny_model, Daemon, TempDir};
+use sparkd_e2e::{
+    bin, raw_request, strip_ansi, synth_model, tiny_model, to_full_length, Daemon, TempDir,
+};
 
 const FAKE_MARK: &str = "fake libcuda:";
 
@@ -232,14 +234,14 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
         logprobs: Some(1),
         ..greedy(4, "hello there", 4)
     };
-    let sampled = GenerateRequest {
+    let sampled = to_full_length(GenerateRequest {
         sampling: SamplingParams {
             temperature: 0.8,
             seed: Some(7),
             ..Default::default()
         },
         ..raw_request(5, "hello there", 4)
-    };
+    });
     let (device, host, other) = tokio::join!(
         tokens_and_done(&c, greedy(3, "hello there", 4)),
         tokens_and_done(&c, with_logprobs),

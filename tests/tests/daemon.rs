@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use spark_client::protocol::*;
 use spark_client::{ClientError, GenerationEvent};
-use sparkd_e2e::{raw_request, tiny_model, Daemon};
+use sparkd_e2e::{raw_request, tiny_model, to_full_length, Daemon};
 
 struct Observed {
     tokens: usize,
@@ -129,7 +129,7 @@ async fn cancel_ends_with_done_and_frees_kv() {
     let d = Daemon::start_with_env(&tiny_model(), &[], &[(SLOW_STEPS.0, SLOW_STEPS.1)]);
     let c = d.client().await;
     let mut gen = c
-        .generate(raw_request(7, "a long answer please", 400))
+        .generate(to_full_length(raw_request(7, "a long answer please", 400)))
         .await
         .unwrap();
     let mut seen = 0;
@@ -157,7 +157,7 @@ async fn disconnect_mid_stream_cancels_and_frees_kv() {
     {
         let c = d.client().await;
         let mut gen = c
-            .generate(raw_request(9, "going away soon", 400))
+            .generate(to_full_length(raw_request(9, "going away soon", 400)))
             .await
             .unwrap();
         gen.next().await.unwrap().unwrap();
@@ -189,8 +189,14 @@ async fn queue_full_is_busy_at_once() {
         &[(SLOW_STEPS.0, SLOW_STEPS.1)],
     );
     let c = d.client().await;
-    let _a = c.generate(raw_request(1, "first", 400)).await.unwrap();
-    let _b = c.generate(raw_request(2, "second", 400)).await.unwrap();
+    let _a = c
+        .generate(to_full_length(raw_request(1, "first", 400)))
+        .await
+        .unwrap();
+    let _b = c
+        .generate(to_full_length(raw_request(2, "second", 400)))
+        .await
+        .unwrap();
     let started = Instant::now();
     let third = match c.generate(raw_request(3, "third", 5)).await {
         Err(e) => e,
@@ -325,7 +331,7 @@ fn sigterm_ends_open_streams_with_done_and_exits_zero() {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(&hello(PROTOCOL_MAJOR)).unwrap();
     assert!(matches!(read_frame(&mut s), ServerMessage::Welcome(_)));
-    let req = ClientMessage::Generate(raw_request(1, "endless", 400));
+    let req = ClientMessage::Generate(to_full_length(raw_request(1, "endless", 400)));
     s.write_all(&frame(&postcard::to_allocvec(&req).unwrap()))
         .unwrap();
     assert!(matches!(read_frame(&mut s), ServerMessage::Token(_)));
@@ -367,14 +373,16 @@ async fn tokens_of(client: &spark_client::Client, req: GenerateRequest) -> Vec<u
 async fn seeded_sampling_is_reproducible_whatever_runs_beside_it() {
     let d = Daemon::start(&tiny_model(), &[]);
     let c = d.client().await;
-    let sampled = |id: u64, seed: u64| GenerateRequest {
-        sampling: SamplingParams {
-            temperature: 0.9,
-            top_p: 0.95,
-            seed: Some(seed),
-            ..Default::default()
-        },
-        ..raw_request(id, "the same prompt every time", 24)
+    let sampled = |id: u64, seed: u64| {
+        to_full_length(GenerateRequest {
+            sampling: SamplingParams {
+                temperature: 0.9,
+                top_p: 0.95,
+                seed: Some(seed),
+                ..Default::default()
+            },
+            ..raw_request(id, "the same prompt every time", 24)
+        })
     };
     let alone = tokens_of(&c, sampled(1, 77)).await;
     assert_eq!(alone.len(), 24);

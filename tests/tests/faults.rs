@@ -10,7 +10,9 @@ use futures::StreamExt;
 use spark_client::protocol::*;
 use spark_client::{ClientError, GenerationEvent};
 use sparkd_e2e::load::conn::Conn;
-use sparkd_e2e::{raw_request, run_sparkd_to_exit, strip_ansi, tiny_model, Daemon, TempDir};
+use sparkd_e2e::{
+    raw_request, run_sparkd_to_exit, strip_ansi, tiny_model, to_full_length, Daemon, TempDir,
+};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -187,7 +189,7 @@ async fn a_client_that_stops_reading_is_cut_off_while_others_keep_streaming() {
     let alone = others_stream(&d, 1000).await;
     // For comparison: the same twelve heavy generations as the sleeper's below, read.
     let heavy = |id: u64| {
-        let mut req = raw_request(id, "stall", 480);
+        let mut req = to_full_length(raw_request(id, "stall", 480));
         req.logprobs = Some(20);
         req
     };
@@ -292,7 +294,7 @@ async fn a_daemon_killed_mid_stream_gives_disconnected_and_a_restart_serves_agai
     let mut d = Daemon::start(&tiny_model(), &[]);
     let client = d.client().await;
     let mut generation = client
-        .generate(raw_request(1, "a long answer", 480))
+        .generate(to_full_length(raw_request(1, "a long answer", 480)))
         .await
         .unwrap();
     assert!(matches!(

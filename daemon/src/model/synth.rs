@@ -175,15 +175,27 @@ fn tokenizer_metadata(w: &mut GgufWriter, spec: &SynthSpec) {
     );
 }
 
+/// Values drawn per generator: a tensor's rows are cut into pieces of about this many,
+/// each drawn from a generator of its own so that threads can fill them in any order
+/// and the file is the same on any machine.
+const PIECE_VALUES: usize = 1 << 20;
+
+/// Fills the tensors: random values in `[-scale, scale)`, quantized to the tensor's type,
+/// on every core (an 8B-shaped model is 8 billion values to draw and quantize, minutes
+/// on one core, and `scripts/gpu-check.sh` makes one on the GPU machine's clock).
 struct Gen {
-    rng: StdRng,
+    seed: u64,
+    tensors: u64,
+    threads: usize,
 }
 
 impl Gen {
-    fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| self.rng.gen_range(-1.0f32..1.0) * scale)
-            .collect()
+    fn new(seed: u64) -> Self {
+        Gen {
+            seed,
+            tensors: 0,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
     }
 
     fn tensor(
@@ -194,19 +206,64 @@ impl Gen {
         ty: GgmlType,
         scale: f32,
     ) -> Result<(), GgufError> {
+        let bad = |reason: String| GgufError::BadTensor {
+            tensor: name.into(),
+            reason,
+        };
         let n: usize = dims.iter().product();
-        let vals = self.values(n, scale);
-        let n_bytes = ty.bytes_for(n as u64).ok_or_else(|| GgufError::BadTensor {
-            tensor: name.into(),
-            reason: format!("{n} elements are not whole {ty} blocks"),
-        })? as usize;
+        let n_bytes = ty
+            .bytes_for(n as u64)
+            .ok_or_else(|| bad(format!("{n} elements are not whole {ty} blocks")))?
+            as usize;
+        let row = dims.first().copied().unwrap_or(1).max(1);
+        let rows = n / row;
+        let row_bytes = ty
+            .bytes_for(row as u64)
+            .ok_or_else(|| bad(format!("rows of {row} are not whole {ty} blocks")))?
+            as usize;
+        let piece_rows = (PIECE_VALUES / row).max(1);
         let mut data = vec![0u8; n_bytes];
-        quantize(ty, &vals, &mut data).map_err(|e| GgufError::BadTensor {
-            tensor: name.into(),
-            reason: e.to_string(),
-        })?;
+        let pieces: Vec<(usize, &mut [u8])> = data
+            .chunks_mut(piece_rows * row_bytes)
+            .enumerate()
+            .collect();
+        let tensor_seed = mix(self.seed ^ mix(self.tensors));
+        self.tensors += 1;
+        let next = std::sync::Mutex::new(pieces.into_iter());
+        let failed = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..self.threads.min(rows.div_ceil(piece_rows)) {
+                scope.spawn(|| {
+                    let mut vals = Vec::new();
+                    loop {
+                        let Some((i, out)) = next.lock().expect("piece queue").next() else {
+                            break;
+                        };
+                        let mut rng = StdRng::seed_from_u64(tensor_seed ^ mix(i as u64));
+                        vals.clear();
+                        let count = out.len() / row_bytes * row;
+                        vals.extend((0..count).map(|_| rng.gen_range(-1.0f32..1.0) * scale));
+                        if let Err(e) = quantize(ty, &vals, out) {
+                            *failed.lock().expect("error slot") = Some(e.to_string());
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().expect("error slot") {
+            return Err(bad(e));
+        }
         w.add_tensor(name, dims.iter().map(|&d| d as u64).collect(), ty, data)
     }
+}
+
+/// SplitMix64's finalizer: spreads nearby seeds (tensor and piece numbers) apart.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Builds the whole file in memory. Fine for test-sized models; `write_synth_file`
@@ -256,9 +313,7 @@ pub fn synth_gguf(spec: &SynthSpec) -> Result<GgufWriter, GgufError> {
     );
     tokenizer_metadata(&mut w, spec);
 
-    let mut g = Gen {
-        rng: StdRng::seed_from_u64(spec.seed),
-    };
+    let mut g = Gen::new(spec.seed);
     let d = spec.d_model;
     let q_dim = spec.n_heads * head_dim;
     let kv_dim = spec.n_kv_heads * head_dim;
@@ -345,4 +400,62 @@ pub fn synth_gguf(spec: &SynthSpec) -> Result<GgufWriter, GgufError> {
         )?;
     }
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tensors of every shape kind (several pieces, a partial last piece, one row) with
+    /// `threads` threads.
+    fn tensors(seed: u64, threads: usize) -> Vec<u8> {
+        let mut g = Gen {
+            threads,
+            ..Gen::new(seed)
+        };
+        let mut w = GgufWriter::new();
+        let tall = PIECE_VALUES / 256 * 2 + 3;
+        g.tensor(&mut w, "a", &[256, tall], GgmlType::Q4_K, 0.5)
+            .expect("a");
+        g.tensor(&mut w, "b", &[64, 40], GgmlType::Q8_0, 1.0)
+            .expect("b");
+        g.tensor(&mut w, "c", &[64], GgmlType::F32, 1.0).expect("c");
+        w.to_bytes()
+    }
+
+    #[test]
+    fn weights_depend_on_the_seed_not_on_the_thread_count() {
+        let one = tensors(5, 1);
+        assert_eq!(one, tensors(5, 3), "3 threads");
+        assert_eq!(one, tensors(5, 8), "8 threads");
+        assert_ne!(one, tensors(6, 3), "another seed");
+    }
+
+    #[test]
+    fn pieces_and_tensors_draw_different_values() {
+        let mut g = Gen {
+            threads: 2,
+            ..Gen::new(1)
+        };
+        let mut w = GgufWriter::new();
+        // Rows of PIECE_VALUES: each row is its own piece.
+        let dims = [PIECE_VALUES, 2];
+        g.tensor(&mut w, "x", &dims, GgmlType::F32, 1.0).expect("x");
+        g.tensor(&mut w, "y", &dims, GgmlType::F32, 1.0).expect("y");
+        let bytes = w.to_bytes();
+        let file = crate::gguf::GgufFile::from_bytes(bytes).expect("parse");
+        let rows: Vec<&[u8]> = ["x", "y"]
+            .iter()
+            .flat_map(|n| {
+                let t = file.tensor(n).expect("tensor");
+                file.tensor_data(t).chunks(PIECE_VALUES * 4)
+            })
+            .collect();
+        assert_eq!(rows.len(), 4);
+        for i in 0..4 {
+            for j in i + 1..4 {
+                assert_ne!(rows[i][..64], rows[j][..64], "rows {i} and {j}");
+            }
+        }
+    }
 }
