@@ -204,6 +204,8 @@ struct Driver {
     size_t total = 4096ull << 20;
     size_t used = 0;
     std::map<uintptr_t, size_t> allocs;
+    // Page-locked host memory (cuMemHostAlloc): copies into it are asynchronous.
+    std::map<uintptr_t, size_t> host_allocs;
     std::set<Stream*> streams;
     std::set<Event*> events;
     std::set<Module*> modules;
@@ -221,13 +223,14 @@ Driver& drv() {
 
 thread_local Context* tl_ctx = nullptr;
 
-bool inside_allocation(uintptr_t p, size_t len) {
-    auto& d = drv();
-    auto it = d.allocs.upper_bound(p);
-    if (it == d.allocs.begin()) return false;
+bool inside(const std::map<uintptr_t, size_t>& allocs, uintptr_t p, size_t len) {
+    auto it = allocs.upper_bound(p);
+    if (it == allocs.begin()) return false;
     --it;
     return p >= it->first && p - it->first <= it->second && len <= it->second - (p - it->first);
 }
+
+bool inside_allocation(uintptr_t p, size_t len) { return inside(drv().allocs, p, len); }
 
 // Every call but the device queries needs an initialised driver and a current context.
 #define NEED_CTX()                                                                  \
@@ -570,6 +573,33 @@ FAKE_API CUresult cuMemFree_v2(CUdeviceptr p) {
     return CUDA_SUCCESS;
 }
 
+FAKE_API CUresult cuMemHostAlloc(void** out, size_t bytes, unsigned flags) {
+    NEED_CTX();
+    if (refused_in_capture("cuMemHostAlloc")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    // PORTABLE, DEVICEMAP and WRITECOMBINED are the flags there are.
+    if (out == nullptr || bytes == 0 || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::memset(p, 0xA5, bytes);  // not zeroed
+    drv().host_allocs[reinterpret_cast<uintptr_t>(p)] = bytes;
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuMemFreeHost(void* p) {
+    NEED_CTX();
+    auto& d = drv();
+    auto it = d.host_allocs.find(reinterpret_cast<uintptr_t>(p));
+    if (it == d.host_allocs.end()) {
+        complain("cuMemFreeHost of %p, which cuMemHostAlloc did not return", p);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    run_all();  // synchronises, as cuMemFree: a queued copy may still write into it
+    std::free(p);
+    d.host_allocs.erase(it);
+    return CUDA_SUCCESS;
+}
+
 #define NEED_STREAM(s, st)                  \
     Stream* st = stream_of(s);              \
     if (st == nullptr) {                    \
@@ -608,6 +638,12 @@ FAKE_API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, voi
     NEED_CTX();
     NEED_STREAM(s, st);
     NEED_RANGE(src, n, "source");
+    if (inside(drv().host_allocs, reinterpret_cast<uintptr_t>(dst), n)) {
+        // Into page-locked memory the copy is queued like a kernel and the call returns
+        // at once: the host must wait for the stream before it reads `dst`.
+        enqueue(st, [dst, src, n] { std::memcpy(dst, reinterpret_cast<const void*>(src), n); });
+        return CUDA_SUCCESS;
+    }
     if (refused_in_capture("cuMemcpyDtoHAsync to pageable host memory", st))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     // To pageable memory the call returns once the copy is done, after the work queued

@@ -203,3 +203,45 @@ fn the_stand_in_loads_sass_for_its_device_only_and_refuses_launches_past_the_reg
     assert_eq!(d.launch_rmsnorm(func, 256, 4096), SUCCESS);
     assert_eq!(d.launch_rmsnorm(func, 288, 4096), LAUNCH_OUT_OF_RESOURCES);
 }
+
+/// Copies into page-locked memory (cuMemHostAlloc, where sparkd's logit rows land) are
+/// queued like kernels: the data is there only once the stream is waited for. Into
+/// pageable memory the call itself waits. A GPU behaves so, and a download that forgot
+/// to wait would read stale rows on one.
+#[test]
+fn copies_into_page_locked_memory_land_when_the_stream_is_waited_for() {
+    let Some(d) = driver() else { return };
+    type Ptr = *mut c_void;
+    let create: unsafe extern "C" fn(*mut Ptr, u32) -> i32 = d.call("cuStreamCreate");
+    let memset: unsafe extern "C" fn(u64, u8, usize, Ptr) -> i32 = d.call("cuMemsetD8Async");
+    let host_alloc: unsafe extern "C" fn(*mut Ptr, usize, u32) -> i32 = d.call("cuMemHostAlloc");
+    let free_host: unsafe extern "C" fn(Ptr) -> i32 = d.call("cuMemFreeHost");
+    let dtoh: unsafe extern "C" fn(Ptr, u64, usize, Ptr) -> i32 = d.call("cuMemcpyDtoHAsync_v2");
+    let sync: unsafe extern "C" fn(Ptr) -> i32 = d.call("cuStreamSynchronize");
+    const N: usize = 4096;
+    let dev = d.alloc(N);
+    let (mut stream, mut pinned) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: valid out-pointers; `pinned` holds N bytes once allocated, `pageable` is a
+    // live local of N bytes, and `dev` a device allocation of N bytes.
+    unsafe {
+        assert_eq!(create(&mut stream, 0), SUCCESS);
+        assert_eq!(host_alloc(&mut pinned, N, 0), SUCCESS);
+        assert_eq!(host_alloc(&mut pinned, 0, 0), INVALID_VALUE, "0 bytes");
+        let host = std::slice::from_raw_parts_mut(pinned.cast::<u8>(), N);
+        host.fill(1);
+
+        assert_eq!(memset(dev, 7, N, stream), SUCCESS);
+        assert_eq!(dtoh(pinned, dev, N, stream), SUCCESS);
+        assert!(host.iter().all(|&b| b == 1), "landed before the stream ran");
+        assert_eq!(sync(stream), SUCCESS);
+        assert!(host.iter().all(|&b| b == 7), "landed once waited for");
+
+        let mut pageable = vec![0u8; N];
+        assert_eq!(memset(dev, 9, N, stream), SUCCESS);
+        assert_eq!(dtoh(pageable.as_mut_ptr().cast(), dev, N, stream), SUCCESS);
+        assert!(pageable.iter().all(|&b| b == 9), "pageable: the call waits");
+
+        assert_eq!(free_host(pageable.as_mut_ptr().cast()), INVALID_VALUE);
+        assert_eq!(free_host(pinned), SUCCESS);
+    }
+}

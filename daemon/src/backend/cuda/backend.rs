@@ -13,6 +13,7 @@ use sparkd_kernels::names::KvType;
 
 use super::gpu::{u32_bytes, Buf, Gpu, GpuError, KernelTime, KernelTotals};
 use super::graphs::Graphs;
+use super::host_rows::HostRows;
 use super::weights::DevWeights;
 use crate::backend::cpu::ThreadPool;
 use crate::backend::{Backend, BackendError, DeviceReport, HostThreads};
@@ -126,8 +127,9 @@ pub struct CudaBackend<G: Gpu> {
     pub(super) picks: Vec<Option<u32>>,
     /// Host threads for the engine's sampling (`Backend::logit_rows_mut`).
     host_pool: OnceLock<ThreadPool>,
-    /// Host copy of the last step's logits, `logit_rows` rows of the vocabulary.
-    pub(super) logits: Vec<f32>,
+    /// Host copy of the last step's logits: its first `logit_rows` rows of the
+    /// vocabulary (page-locked on a GPU; grown, never shrunk).
+    pub(super) logits: HostRows,
     pub(super) logit_rows: usize,
     report: Arc<dyn DeviceReport>,
     /// Rows of the last step that ran through the GEMM path (tests check both paths).
@@ -209,7 +211,7 @@ impl<G: Gpu> CudaBackend<G> {
             v_cache,
             scratch: Scratch::default(),
             opts,
-            logits: Vec::new(),
+            logits: HostRows::heap(0),
             logit_rows: 0,
             picks: Vec::new(),
             host_pool: OnceLock::new(),
@@ -332,8 +334,14 @@ impl<G: Gpu> CudaBackend<G> {
     /// into the host buffer the engine reads (one copy per run of such rows).
     pub(super) fn fetch_outputs(&mut self, greedy: &[bool]) -> Result<(), GpuError> {
         let (rows, vocab) = (greedy.len(), self.cfg.vocab_size);
+        self.logit_rows = 0;
+        if self.logits.len() < rows * vocab {
+            // Page-locking is slow (the driver pins every page): grow in powers of two
+            // rows, so that a server reaches its largest batch in a few steps.
+            let floats = rows.next_power_of_two() * vocab;
+            self.logits = self.gpu.alloc_host_rows(floats)?;
+        }
         self.logit_rows = rows;
-        self.logits.resize(rows * vocab, 0.0);
         self.picks.clear();
         self.picks.resize(rows, None);
         if rows == 0 {
@@ -376,13 +384,14 @@ impl<G: Gpu> Backend for CudaBackend<G> {
 
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         let v = self.cfg.vocab_size;
+        assert!(i < self.logit_rows, "logit row {i} of {}", self.logit_rows);
         &mut self.logits[i * v..(i + 1) * v]
     }
 
     /// The host threads are a pool of its cores (up to 16), made at first use: the
     /// Grace CPU (or any host) is otherwise idle between the GPU's steps.
     fn logit_rows_mut(&mut self, rows: usize) -> (&mut [f32], &dyn HostThreads) {
-        let n = (rows * self.cfg.vocab_size).min(self.logits.len());
+        let n = rows.min(self.logit_rows) * self.cfg.vocab_size;
         let pool = self.host_pool.get_or_init(|| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             ThreadPool::new(cores.min(16))

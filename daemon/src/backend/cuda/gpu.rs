@@ -11,6 +11,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::host_rows::HostRows;
+
 /// An allocation on the device. Plain ids: the forward owns its buffers for its whole
 /// life and frees them all with the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -124,8 +126,14 @@ pub trait Gpu: Send {
     fn free(&mut self, buf: Buf);
     /// Host to device, ordered with the launches before and after it.
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError>;
-    /// Device to host; waits for the launches before it.
+    /// Device to host; waits for the launches before it and for the copy.
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError>;
+    /// `floats` zeroed `f32`s of host memory for what comes back every step:
+    /// page-locked on a real GPU, so that [`Gpu::download`]s into it run at the link's
+    /// speed; the heap where copies are plain `memcpy`s anyway.
+    fn alloc_host_rows(&mut self, floats: usize) -> Result<HostRows, GpuError> {
+        Ok(HostRows::heap(floats))
+    }
     /// Queues `kernel` with `args` in parameter order.
     fn launch(&mut self, kernel: &str, cfg: Launch, args: &[KArg]) -> Result<(), GpuError>;
     /// From here to [`Gpu::capture_end`], launches are recorded, not run (CUDA stream

@@ -12,6 +12,7 @@ pub mod emu;
 mod forward;
 pub mod gpu;
 mod graphs;
+mod host_rows;
 mod ops;
 pub mod real;
 mod weights;

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use cudarc::driver::{sys, CudaContext};
 use sparkd_kernels::Arch;
 
 use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, KernelTotals, Launch};
+use super::host_rows::{HostRows, Release};
 use crate::backend::DeviceReport;
 
 fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuError {
@@ -253,12 +255,51 @@ impl Gpu for CudaGpu {
         self.bind()?;
         let addr = self.addr(src, dst.len())?;
         // SAFETY: bounds checked above; the stream is synchronised before `dst` is
-        // touched again, so the asynchronous copy has landed when this returns.
+        // touched again, so the copy has landed when this returns (into page-locked
+        // memory, `HostRows`, it is truly asynchronous until then).
         unsafe {
             result::memcpy_dtoh_async(dst, addr, self.stream)
                 .map_err(driver("cuMemcpyDtoHAsync"))?;
             result::stream::synchronize(self.stream).map_err(driver("cuStreamSynchronize"))
         }
+    }
+
+    fn alloc_host_rows(&mut self, floats: usize) -> Result<HostRows, GpuError> {
+        if floats == 0 {
+            return Ok(HostRows::heap(0));
+        }
+        self.bind()?;
+        let what = "host logit rows";
+        let bytes = floats
+            .checked_mul(4)
+            .ok_or_else(|| GpuError::Bounds(format!("{floats} floats of {what}")))?;
+        // SAFETY: context bound; the memory is zeroed below before anything reads it.
+        let raw = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                GpuError::OutOfMemory {
+                    bytes,
+                    what: what.to_string(),
+                }
+            } else {
+                driver("cuMemHostAlloc")(e)
+            }
+        })?;
+        let ptr = NonNull::new(raw.cast::<f32>())
+            .ok_or_else(|| GpuError::Bounds("cuMemHostAlloc returned null".into()))?;
+        // SAFETY: `bytes` writable bytes just allocated (page-aligned), ours alone.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, floats) };
+        // The context stays retained while the memory lives, whatever goes first.
+        let ctx = self.ctx.clone();
+        let release: Release = Box::new(move |p, _| {
+            if ctx.bind_to_thread().is_ok() {
+                // SAFETY: `p` came from cuMemHostAlloc in this context and its
+                // HostRows is gone; every download into it was waited for.
+                let _ = unsafe { result::free_host(p.as_ptr().cast()) };
+            }
+        });
+        // SAFETY: `ptr` holds `floats` zeroed, aligned f32s that only this HostRows
+        // uses, and `release` frees them.
+        Ok(unsafe { HostRows::from_raw(ptr, floats, release) })
     }
 
     fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), GpuError> {
