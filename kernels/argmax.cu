@@ -5,6 +5,14 @@
 //   0 when the row is all NaN. This is exactly the CPU sampler's greedy pick
 //   (daemon/src/text/sampler.rs argmax), so greedy outputs agree token for token.
 //   grid: (rows); block: a multiple of 32 threads, at most 1024 (1024 recommended)
+//
+// extern "C" __global__ void logit_bias_f32(float* logits, int n, const int* bias_rows,
+//                                           const int* tokens, const float* values)
+//   logits[r][tokens[e]] += values[e] for e in bias_rows[r] .. bias_rows[r + 1], in that
+//   order, ids outside 0..n skipped: a greedy request's logit_bias, added before
+//   argmax_f32 exactly as the CPU sampler adds it (one thread a row, so that an id
+//   listed twice gets both values in the same order).
+//   grid: (rows); block: 32
 #include "common.cuh"
 
 // (value, index) pairs: the larger value wins, the lower index on ties. NaN never wins
@@ -43,5 +51,15 @@ extern "C" __global__ void argmax_f32(const float* logits, int n, u32* out) {
             better(v, idx, __shfl_xor_sync(SPARKD_FULL_MASK, v, o),
                    __shfl_xor_sync(SPARKD_FULL_MASK, idx, o));
         if (lane == 0) out[blockIdx.x] = idx < n ? (u32)idx : 0u;
+    }
+}
+
+extern "C" __global__ void logit_bias_f32(float* logits, int n, const int* bias_rows,
+                                          const int* tokens, const float* values) {
+    if (threadIdx.x != 0) return;
+    float* x = logits + (u64)blockIdx.x * n;
+    for (int e = bias_rows[blockIdx.x]; e < bias_rows[blockIdx.x + 1]; ++e) {
+        const int t = tokens[e];
+        if (t >= 0 && t < n) x[t] += values[e];
     }
 }

@@ -67,7 +67,7 @@ pub(crate) fn prefill_best(
             tokens: &tokens,
             start_pos: 0,
             want_logits: true,
-            greedy: false,
+            greedy: None,
         }];
         let took = b.forward(&batch);
         b.release(&mut table);
@@ -147,7 +147,7 @@ pub(crate) fn decode_run(
                 tokens: s,
                 start_pos: 0,
                 want_logits: true,
-                greedy: false,
+                greedy: None,
             })
             .collect();
         b.forward(&batch)?;
@@ -170,7 +170,7 @@ pub(crate) fn decode_run(
                     tokens: &s[pos..pos + 1],
                     start_pos: pos,
                     want_logits: true,
-                    greedy: picks == Picks::AsEngine,
+                    greedy: (picks == Picks::AsEngine).then_some(&[]),
                 })
                 .collect();
             let started = Instant::now();

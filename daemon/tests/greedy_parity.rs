@@ -120,7 +120,7 @@ fn greedy_decoding_follows_llama_cpp() {
                 tokens: &toks[pos..],
                 start_pos: pos,
                 want_logits: true,
-                greedy: false,
+                greedy: None,
             }];
             model.forward(&b, &mut kv, &mut ws).expect("forward");
             pos = toks.len();

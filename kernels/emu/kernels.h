@@ -57,4 +57,4 @@
     K(attn_prefill_f16_tc_hd32) K(attn_prefill_f16_tc_hd64)                    \
     K(attn_prefill_f16_tc_hd96) K(attn_prefill_f16_tc_hd128)                   \
     K(rmsnorm_f32) K(rmsnorm_f16)                                              \
-    K(swiglu_f32) K(swiglu_f16) K(argmax_f32)
+    K(swiglu_f32) K(swiglu_f16) K(argmax_f32) K(logit_bias_f32)

@@ -227,6 +227,8 @@ pub const SWIGLU: &str = "swiglu_f32";
 /// SwiGLU straight to the f16 operand of the tensor-core products.
 pub const SWIGLU_F16: &str = "swiglu_f16";
 pub const ARGMAX: &str = "argmax_f32";
+/// A greedy row's logit bias, added on the device before [`ARGMAX`].
+pub const LOGIT_BIAS: &str = "logit_bias_f32";
 
 /// Every kernel the host may launch, with the module that defines it.
 pub fn all() -> Vec<(&'static str, String)> {
@@ -266,6 +268,7 @@ pub fn all() -> Vec<(&'static str, String)> {
     for k in [SWIGLU, SWIGLU_F16] {
         v.push(("elementwise.cu", k.into()));
     }
+    v.push(("argmax.cu", LOGIT_BIAS.into()));
     v.push(("argmax.cu", ARGMAX.into()));
     v
 }

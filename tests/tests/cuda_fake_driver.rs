@@ -251,6 +251,29 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
     assert_eq!(host.0, a.0, "the device's pick is the host's");
     assert_eq!(other.0.len(), 4);
 
+    // A logit bias keeps a greedy request's picks on the device, added there before the
+    // argmax; with logprobs the host sampler adds it. Banning the unbiased first token
+    // and lifting another (twice), both pick the same tokens.
+    let lift = if a.0[0] == 5 { 6 } else { 5 };
+    let biased = |id: u64, logprobs: Option<u8>| GenerateRequest {
+        logprobs,
+        sampling: SamplingParams {
+            logit_bias: vec![(a.0[0], f32::NEG_INFINITY), (lift, 0.5), (lift, 0.25)],
+            ..greedy(id, "hello there", 4).sampling
+        },
+        ..greedy(id, "hello there", 4)
+    };
+    let (on_device, on_host) = tokio::join!(
+        tokens_and_done(&c, biased(6, None)),
+        tokens_and_done(&c, biased(7, Some(1))),
+    );
+    assert_eq!(
+        on_device.0, on_host.0,
+        "the device adds the bias as the host"
+    );
+    assert_eq!(on_device.0.len(), 4);
+    assert_ne!(on_device.0[0], a.0[0], "the unbiased first pick is banned");
+
     let exit = d.terminate();
     assert!(exit.success(), "exit status {exit}: {}", d.log_text());
     let log = strip_ansi(&d.log_text());

@@ -68,9 +68,10 @@ pub trait Backend: Send {
     /// the CPU forward's pool (`--threads`), or a pool of the host's cores behind a GPU.
     fn logit_rows_mut(&mut self, rows: usize) -> (&mut [f32], &dyn HostThreads);
 
-    /// The argmax of the `i`-th logit row of the last step (the sampler's greedy rule:
-    /// the highest logit, the lowest id among equals, NaN never), where the backend
-    /// computed it itself for a [`SeqInput::greedy`] row; such a row may be missing from
+    /// The argmax of the `i`-th logit row of the last step plus the row's bias (the
+    /// sampler's greedy rule: the highest logit, the lowest id among equals, NaN never),
+    /// where the backend computed it itself for a [`SeqInput::greedy`] row; such a row
+    /// may be missing from
     /// [`Backend::logits_mut`]. `None` for other rows, and from backends that always
     /// hand over whole rows.
     fn greedy_pick(&mut self, i: usize) -> Option<u32> {

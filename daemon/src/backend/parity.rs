@@ -145,7 +145,7 @@ pub fn compare(
                         tokens: &s.tokens[s.n_cached..s.n_cached + t],
                         start_pos: s.n_cached,
                         want_logits: s.n_cached + t == s.tokens.len(),
-                        greedy: false,
+                        greedy: None,
                     })
                     .collect()
             };

@@ -288,7 +288,7 @@ impl EngineCore {
                 tokens: &s.tokens[s.n_cached..s.n_cached + n],
                 start_pos: s.n_cached,
                 want_logits: s.n_cached + n == s.tokens.len(),
-                greedy: s.plain_greedy(),
+                greedy: s.argmax_bias(),
             })
             .collect();
         let mut result = self.backend.forward(&batch).map_err(|e| e.to_string());
@@ -500,9 +500,8 @@ fn choose_tokens(
         .iter()
         .map(|&(i, row)| {
             running[i]
-                .plain_greedy()
-                .then(|| backend.greedy_pick(row))
-                .flatten()
+                .argmax_bias()
+                .and_then(|_| backend.greedy_pick(row))
                 .map(|t| (t, None))
         })
         .collect();

@@ -82,10 +82,13 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    /// Whether its next token is the argmax of the logits as the model made them (no
-    /// sampling, bias, penalty or logprobs), which a backend may pick on the device.
-    pub fn plain_greedy(&self) -> bool {
-        self.logprobs.is_none() && self.sampler.is_plain_greedy()
+    /// When its next token is the argmax of the logits plus a bias (greedy, no penalty,
+    /// no logprobs), that bias: a backend may add it and pick on the device.
+    pub fn argmax_bias(&self) -> Option<&[(u32, f32)]> {
+        self.logprobs
+            .is_none()
+            .then(|| self.sampler.argmax_bias())
+            .flatten()
     }
 
     pub fn completion_tokens(&self) -> usize {

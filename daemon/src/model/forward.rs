@@ -24,13 +24,15 @@ pub struct SeqInput<'a> {
     pub start_pos: usize,
     /// Whether the caller wants logits for this sequence's last new token.
     pub want_logits: bool,
-    /// With `want_logits`: the caller only needs their argmax (plain greedy decoding), so
-    /// a backend that computes it where the logits are ([`Backend::greedy_pick`]) may
-    /// leave the row out of [`Backend::logits_mut`] and save its copy to the host.
+    /// With `want_logits`, `Some(bias)`: the caller only needs the argmax of the logits
+    /// plus `bias` (greedy decoding; `(token, value)` pairs added in order, ids inside
+    /// the vocabulary), so a backend that computes it where the logits are
+    /// ([`Backend::greedy_pick`]) may leave the row out of [`Backend::logits_mut`] and
+    /// save its copy to the host. `None`: the caller needs the logits themselves.
     ///
     /// [`Backend::greedy_pick`]: crate::backend::Backend::greedy_pick
     /// [`Backend::logits_mut`]: crate::backend::Backend::logits_mut
-    pub greedy: bool,
+    pub greedy: Option<&'a [(u32, f32)]>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

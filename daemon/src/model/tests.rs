@@ -37,7 +37,7 @@ fn run_single(
             tokens: &toks[pos..end],
             start_pos: pos,
             want_logits: end == toks.len(),
-            greedy: false,
+            greedy: None,
         }];
         model.forward(&b, kv, ws).unwrap();
         pos = end;
@@ -87,7 +87,7 @@ fn batched_forward_equals_single_forwards() {
                 tokens: p,
                 start_pos: 0,
                 want_logits: true,
-                greedy: false,
+                greedy: None,
             })
             .collect();
         model.forward(&batch, &mut kv, &mut ws).unwrap();
@@ -154,7 +154,7 @@ fn bad_batches_are_errors_not_panics() {
         tokens: &[vocab],
         start_pos: 0,
         want_logits: true,
-        greedy: false,
+        greedy: None,
     }];
     assert!(matches!(
         model.forward(&b, &mut kv, &mut ws),
@@ -165,7 +165,7 @@ fn bad_batches_are_errors_not_panics() {
         tokens: &[1; 20],
         start_pos: 0,
         want_logits: true,
-        greedy: false,
+        greedy: None,
     }];
     assert!(matches!(
         model.forward(&b, &mut kv, &mut ws),
@@ -176,7 +176,7 @@ fn bad_batches_are_errors_not_panics() {
         tokens: &[],
         start_pos: 0,
         want_logits: true,
-        greedy: false,
+        greedy: None,
     }];
     assert_eq!(
         model.forward(&b, &mut kv, &mut ws),

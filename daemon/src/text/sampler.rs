@@ -131,16 +131,15 @@ impl Sampler {
         self.seed
     }
 
-    /// Whether [`Sampler::sample`] is the argmax of the logits as they are: greedy, with
-    /// no bias or penalty to apply first.
-    pub fn is_plain_greedy(&self) -> bool {
+    /// When [`Sampler::sample`] is the argmax of the logits plus a bias (greedy, no
+    /// penalty to apply and nothing drawn), that bias: `(token, value)` pairs, added in
+    /// order, every id inside the vocabulary (validated). A backend may then add it and
+    /// pick where the logits live.
+    pub fn argmax_bias(&self) -> Option<&[(u32, f32)]> {
         let p = &self.params;
-        p.temperature == 0.0
-            && p.logit_bias.is_empty()
-            && (p.repeat_last_n == 0
-                || (p.repeat_penalty == 1.0
-                    && p.presence_penalty == 0.0
-                    && p.frequency_penalty == 0.0))
+        let no_penalty = p.repeat_last_n == 0
+            || (p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0);
+        (p.temperature == 0.0 && no_penalty).then_some(&p.logit_bias[..])
     }
 
     /// Chooses the next token. `history` is the prompt plus the tokens generated so far

@@ -426,69 +426,76 @@ fn bucketed_top_p_keeps_the_same_set_as_a_full_sort() {
     }
 }
 
-/// `is_plain_greedy` promises that `sample` is the argmax of the logits as they are,
-/// so a backend may pick it where the logits live: true exactly when nothing edits them
-/// first and no randomness is drawn.
+/// `argmax_bias` promises that `sample` is the argmax of the logits plus that bias, so
+/// a backend may pick it where the logits live: `Some` exactly when nothing else edits
+/// them first and no randomness is drawn.
 #[test]
-fn plain_greedy_means_the_argmax_of_untouched_logits() {
+fn argmax_bias_means_the_argmax_of_the_biased_logits() {
     let history = [3u32, 3, 5];
     let mut logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
     logits[3] = 10.05; // just above the rest (at most 10.0)
     let argmax = 3;
-    let cases: Vec<(SamplingParams, bool)> = vec![
-        (params(), true),
+    let biased = |bias: Vec<(u32, f32)>| SamplingParams {
+        logit_bias: bias,
+        ..params()
+    };
+    // (params, the pick when the bias rule holds, None when it does not)
+    let cases: Vec<(SamplingParams, Option<u32>)> = vec![
+        (params(), Some(argmax)),
         (
             SamplingParams {
                 repeat_last_n: 0,
                 repeat_penalty: 2.0,
                 ..params()
             },
-            true,
+            Some(argmax),
         ),
+        (biased(vec![(4, 50.0)]), Some(4)),
+        // Banned: the next best (10.0, first at id 30) wins.
+        (biased(vec![(3, f32::NEG_INFINITY), (7, 0.1)]), Some(30)),
+        // A second entry for the same token adds to the first.
+        (biased(vec![(9, 4.0), (9, 3.1)]), Some(9)),
         (
             SamplingParams {
                 temperature: 0.5,
                 ..params()
             },
-            false,
-        ),
-        (
-            SamplingParams {
-                logit_bias: vec![(4, 50.0)],
-                ..params()
-            },
-            false,
+            None,
         ),
         (
             SamplingParams {
                 repeat_penalty: 1.5,
                 ..params()
             },
-            false,
+            None,
         ),
         (
             SamplingParams {
                 presence_penalty: 2.0,
                 ..params()
             },
-            false,
+            None,
         ),
         (
             SamplingParams {
                 frequency_penalty: 2.0,
                 ..params()
             },
-            false,
+            None,
         ),
     ];
-    for (p, plain) in cases {
+    for (p, want) in cases {
         let mut s = sampler(p.clone());
-        assert_eq!(s.is_plain_greedy(), plain, "{p:?}");
-        // Each edit of the logits that is not plain moves the pick off the untouched
-        // argmax here (a temperature only draws, usually that same argmax).
-        if p.temperature == 0.0 {
-            let picked = s.sample(&mut logits.clone(), &history);
-            assert_eq!(picked == argmax, plain, "{p:?}");
+        let bias = s.argmax_bias().map(<[_]>::to_vec);
+        assert_eq!(bias.is_some(), want.is_some(), "{p:?}");
+        let Some(bias) = bias else { continue };
+        assert_eq!(bias, p.logit_bias, "{p:?}");
+        let mut by_hand = logits.clone();
+        for &(id, b) in &bias {
+            by_hand[id as usize] += b;
         }
+        let picked = s.sample(&mut logits.clone(), &history);
+        assert_eq!(Some(picked), want, "{p:?}");
+        assert_eq!(picked, super::argmax(&by_hand), "{p:?}");
     }
 }

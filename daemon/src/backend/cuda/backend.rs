@@ -83,6 +83,8 @@ pub(super) struct Scratch {
     pub last: Option<Buf>,
     pub logits: Option<Buf>,
     pub argmax: Option<Buf>,
+    /// Greedy rows' logit bias: row starts, token ids, values (`launch_logit_bias`).
+    pub bias: Option<Buf>,
     pub meta: Option<Buf>,
     pub part_o: Option<Buf>,
     pub part_ml: Option<Buf>,
@@ -291,6 +293,51 @@ impl<G: Gpu> CudaBackend<G> {
             self.opts.gemm_min_tokens = gemm_min_tokens;
             self.graphs.clear(&mut self.gpu);
         }
+    }
+
+    /// Queues the addition of each row's bias (`None` rows have none) to the step's
+    /// device logits, before [`Self::launch_argmax`]: greedy requests with a
+    /// `logit_bias` keep their picks on the device too. Nothing when no row has one.
+    pub(super) fn launch_logit_bias(
+        &mut self,
+        rows: &[Option<&[(u32, f32)]>],
+    ) -> Result<(), GpuError> {
+        let entries: usize = rows.iter().flatten().map(|b| b.len()).sum();
+        let Some(logits) = self.scratch.logits.filter(|_| entries > 0) else {
+            return Ok(());
+        };
+        // One upload: row starts (rows + 1), then the ids, then the values.
+        let mut blob = Vec::with_capacity((rows.len() + 1 + 2 * entries) * 4);
+        let mut start = 0i32;
+        blob.extend(start.to_le_bytes());
+        for bias in rows {
+            start += bias.map_or(0, |b| b.len()) as i32;
+            blob.extend(start.to_le_bytes());
+        }
+        for &(id, _) in rows.iter().flatten().copied().flatten() {
+            // Ids are inside the vocabulary (validated); one past i32 would be skipped.
+            blob.extend(i32::try_from(id).unwrap_or(i32::MAX).to_le_bytes());
+        }
+        for &(_, value) in rows.iter().flatten().copied().flatten() {
+            blob.extend(value.to_le_bytes());
+        }
+        let buf = ensure(
+            &mut self.gpu,
+            &mut self.scratch.bias,
+            blob.len(),
+            "logit bias",
+        )?;
+        self.gpu.upload(buf.ptr(), &blob)?;
+        let ids = buf.at((rows.len() + 1) * 4);
+        super::ops::logit_bias(
+            &mut self.gpu,
+            logits.ptr(),
+            rows.len(),
+            self.cfg.vocab_size,
+            buf.ptr(),
+            ids,
+            ids.offset_by(entries * 4),
+        )
     }
 
     /// Queues the greedy picks of the first `rows` logit rows (argmax.cu: the CPU

@@ -281,8 +281,8 @@ impl<G: Gpu> CudaBackend<G> {
             return Ok(Duration::ZERO);
         }
         // Per logit row (the batch items that want logits, in order): whether the host
-        // needs only its argmax, computed here inside the timed step.
-        let greedy: Vec<bool> = batch
+        // needs only its argmax after a bias, both computed here inside the timed step.
+        let greedy: Vec<Option<&[(u32, f32)]>> = batch
             .iter()
             .filter(|s| s.want_logits)
             .map(|s| s.greedy)
@@ -302,7 +302,8 @@ impl<G: Gpu> CudaBackend<G> {
             Some(key) => self.run_graph(key, &shape, &meta, &bufs)?,
             None => self.encode(&shape, &meta, &bufs)?,
         }
-        if greedy.contains(&true) {
+        if greedy.iter().any(Option::is_some) {
+            self.launch_logit_bias(&greedy)?;
             self.launch_argmax(greedy.len())?;
         }
         let elapsed = self.gpu.step_end()?;
@@ -312,7 +313,8 @@ impl<G: Gpu> CudaBackend<G> {
         if shape.matmul == Matmul::Gemm {
             self.gemm_steps += 1;
         }
-        self.fetch_outputs(&greedy)?;
+        let picked: Vec<bool> = greedy.iter().map(Option::is_some).collect();
+        self.fetch_outputs(&picked)?;
         Ok(elapsed)
     }
 

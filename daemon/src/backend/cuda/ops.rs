@@ -611,6 +611,30 @@ pub fn swiglu_f16(
     )
 }
 
+/// Adds each of the first `rows` logit rows' bias entries (`bias_rows[r]..bias_rows[r +
+/// 1]` of `tokens` and `values`), in order.
+pub fn logit_bias(
+    gpu: &mut dyn Gpu,
+    logits: DevPtr,
+    rows: usize,
+    n: usize,
+    bias_rows: DevPtr,
+    tokens: DevPtr,
+    values: DevPtr,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        names::LOGIT_BIAS,
+        Launch::linear(rows, 32),
+        &[
+            KArg::Ptr(logits),
+            i32_arg(n),
+            KArg::Ptr(bias_rows),
+            KArg::Ptr(tokens),
+            KArg::Ptr(values),
+        ],
+    )
+}
+
 /// Index of each row's largest logit (the CPU sampler's greedy rule).
 pub fn argmax(
     gpu: &mut dyn Gpu,

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use sparkd_kernels::emu::EmuError;
-use sparkd_kernels::names::KvType;
+use sparkd_kernels::names::{self, KvType};
 
 use super::{CudaBackend, CudaOptions, EmuGpu, GpuError};
 use crate::backend::parity::{compare, greedy, ParityPlan};
@@ -330,10 +330,21 @@ fn emulated_cuda_graphs_replay_decode_exactly_as_launch_by_launch() {
     assert_eq!(graphed.kv_used_blocks(), 0);
 }
 
-/// Rows a step marks greedy come back as device picks, their logits left on the
-/// device; the other rows' logits arrive whole. Against a twin backend that downloads
-/// every row, through a prefill (picked rows) and graph-replayed decode steps, with the
-/// greedy rows first, last and in the middle.
+/// How a test step asks for a logit row.
+#[derive(Clone, Copy, PartialEq)]
+enum Row {
+    /// The whole row, to the host.
+    Whole,
+    /// The device's greedy pick.
+    Greedy,
+    /// The device's greedy pick after a logit bias that bans the unbiased pick.
+    Biased,
+}
+
+/// Rows a step marks greedy come back as device picks (after their logit bias), their
+/// logits left on the device; the other rows' logits arrive whole. Against a twin
+/// backend that downloads every row, through a prefill (picked rows) and graph-replayed
+/// decode steps, with the greedy rows first, last and in the middle.
 #[test]
 fn greedy_rows_come_back_as_device_picks_and_the_rest_as_logits() {
     let (Some(emu_a), Some(emu_b)) = (emulator(), emulator()) else {
@@ -351,31 +362,60 @@ fn greedy_rows_come_back_as_device_picks_and_the_rest_as_logits() {
         full.reserve(t, sq.len() + 8).unwrap();
         mixed.reserve(t, sq.len() + 8).unwrap();
     }
+    use Row::*;
     let patterns = [
-        [true, false, true],
-        [false, true, false],
-        [true, true, false],
+        [Greedy, Whole, Biased],
+        [Whole, Biased, Whole],
+        [Biased, Greedy, Whole],
+        [Greedy, Biased, Biased],
     ];
     let mut start = vec![0; 3];
-    for (step, greedy_rows) in patterns.iter().enumerate() {
-        full.forward(&inputs(ta, &seqs, &start, &[false; 3]))
+    for (step, rows) in patterns.iter().enumerate() {
+        full.forward(&inputs(ta, &seqs, &start, &[None; 3]))
             .expect("step");
+        // Each biased row bans the twin's pick, then lifts token 5 twice and leaves 6
+        // as it is: the device must add every entry, in order.
+        let biases: Vec<Vec<(u32, f32)>> = (0..3)
+            .map(|i| {
+                let banned = greedy(full.logits_mut(i));
+                vec![(banned, f32::NEG_INFINITY), (5, 0.5), (6, 0.0), (5, 0.25)]
+            })
+            .collect();
+        let marks: Vec<Option<&[(u32, f32)]>> = rows
+            .iter()
+            .zip(&biases)
+            .map(|(row, bias)| match row {
+                Whole => None,
+                Greedy => Some(&[][..]),
+                Biased => Some(&bias[..]),
+            })
+            .collect();
         mixed
-            .forward(&inputs(tb, &seqs, &start, greedy_rows))
+            .forward(&inputs(tb, &seqs, &start, &marks))
             .expect("step");
         let mut next = Vec::new();
-        for (i, &g) in greedy_rows.iter().enumerate() {
+        for (i, &row) in rows.iter().enumerate() {
             let want = greedy(full.logits_mut(i));
             assert_eq!(full.greedy_pick(i), None, "unmarked rows have no pick");
-            if g {
-                assert_eq!(mixed.greedy_pick(i), Some(want), "step {step} row {i}");
-            } else {
-                assert_eq!(mixed.greedy_pick(i), None, "step {step} row {i}");
-                assert_eq!(
-                    mixed.logits_mut(i),
-                    full.logits_mut(i),
-                    "step {step} row {i}"
-                );
+            match row {
+                Whole => {
+                    assert_eq!(mixed.greedy_pick(i), None, "step {step} row {i}");
+                    assert_eq!(
+                        mixed.logits_mut(i),
+                        full.logits_mut(i),
+                        "step {step} row {i}"
+                    );
+                }
+                Greedy => assert_eq!(mixed.greedy_pick(i), Some(want), "step {step} row {i}"),
+                Biased => {
+                    let mut biased = full.logits_mut(i).to_vec();
+                    for &(id, b) in &biases[i] {
+                        biased[id as usize] += b;
+                    }
+                    let pick = mixed.greedy_pick(i);
+                    assert_eq!(pick, Some(greedy(&biased)), "step {step} row {i}");
+                    assert_ne!(pick, Some(want), "step {step} row {i}: banned");
+                }
             }
             next.push(want);
         }
@@ -386,14 +426,19 @@ fn greedy_rows_come_back_as_device_picks_and_the_rest_as_logits() {
     }
     let (captured, replayed) = mixed.graph_counts();
     assert!(captured >= 1 && replayed >= 1, "decode steps ran as graphs");
+    assert!(
+        mixed.gpu().launches_of(names::LOGIT_BIAS) >= 4,
+        "one per step with a bias"
+    );
 }
 
-/// Each sequence's tokens from `start`, all wanting logits, greedy where `marked`.
+/// Each sequence's tokens from `start`, all wanting logits, greedy (after a bias) where
+/// `marked`.
 fn inputs<'a>(
     tables: &'a [BlockTable],
     seqs: &'a [Vec<u32>],
     start: &[usize],
-    marked: &[bool; 3],
+    marked: &[Option<&'a [(u32, f32)]>],
 ) -> Vec<SeqInput<'a>> {
     (0..3)
         .map(|i| SeqInput {
