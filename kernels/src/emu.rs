@@ -259,6 +259,26 @@ impl Emulator {
 
 static FAKE_DRIVER: OnceLock<Result<PathBuf, KeptFailure>> = OnceLock::new();
 
+/// Set in CI: a test that needs NVRTC or the stand-in driver fails when they are missing,
+/// instead of passing with a `SKIPPED` line.
+pub const REQUIRE_NVRTC_ENV: &str = "SPARKD_REQUIRE_NVRTC";
+
+/// For a test whose `setup` needs NVRTC (and, for the stand-in driver, a C++ compiler):
+/// the value, or `None` after saying why the test is skipped, or a panic under
+/// `SPARKD_REQUIRE_NVRTC=1`. `needs` completes "SKIPPED: ...".
+pub fn setup_or_skip<T>(setup: Result<T, String>, needs: &str) -> Option<T> {
+    match setup {
+        Ok(v) => Some(v),
+        Err(why) if std::env::var_os(REQUIRE_NVRTC_ENV).is_some_and(|v| v == "1") => {
+            panic!("{REQUIRE_NVRTC_ENV}=1 but {needs}: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: {needs}: {why}");
+            None
+        }
+    }
+}
+
 /// Builds (once per process, and once per source hash on disk) the stand-in CUDA
 /// driver, `emu/fake_libcuda.cpp`, and returns the directory holding it as
 /// `libcuda.so`: a process started with that directory first on `LD_LIBRARY_PATH`

@@ -118,16 +118,10 @@ fn driver() -> Option<Driver> {
         let lib = unsafe { Library::new(dir.join("libcuda.so")) }.map_err(|e| e.to_string())?;
         Ok(Driver { lib })
     };
-    let d = match setup() {
-        Ok(d) => d,
-        Err(why) if std::env::var_os("SPARKD_REQUIRE_NVRTC").is_some_and(|v| v == "1") => {
-            panic!("SPARKD_REQUIRE_NVRTC=1 but the stand-in driver cannot run: {why}")
-        }
-        Err(why) => {
-            eprintln!("SKIPPED: the stand-in CUDA driver needs NVRTC and a C++ compiler: {why}");
-            return None;
-        }
-    };
+    let d = emu::setup_or_skip(
+        setup(),
+        "the stand-in CUDA driver needs NVRTC and a C++ compiler",
+    )?;
     let init: unsafe extern "C" fn(u32) -> i32 = d.call("cuInit");
     let retain: unsafe extern "C" fn(*mut *mut c_void, i32) -> i32 =
         d.call("cuDevicePrimaryCtxRetain");

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use sparkd_kernels::{
-    load_nvrtc, names, units, Arch, Compiler, KernelCache, KernelError, Unit, SOURCES,
+    emu, load_nvrtc, names, units, Arch, Compiler, KernelCache, KernelError, Unit, SOURCES,
 };
 
 const ARCHES: [&str; 2] = ["sm_90", "sm_121"];
@@ -20,13 +20,11 @@ fn nvrtc_or_skip() -> bool {
             eprintln!("NVRTC {v}");
             true
         }
-        Err(e @ KernelError::NvrtcNotFound { .. }) => {
-            if std::env::var_os("SPARKD_REQUIRE_NVRTC").is_some_and(|v| v == "1") {
-                panic!("SPARKD_REQUIRE_NVRTC=1 but {e}");
-            }
-            eprintln!("skipping: NVRTC not found (run scripts/install-cuda-wheels.sh): {e}");
-            false
-        }
+        Err(e @ KernelError::NvrtcNotFound { .. }) => emu::setup_or_skip::<()>(
+            Err(e.to_string()),
+            "NVRTC not found (run scripts/install-cuda-wheels.sh)",
+        )
+        .is_some(),
         Err(e) => panic!("NVRTC is configured but unusable: {e}"),
     }
 }

@@ -42,16 +42,10 @@ fn fake_driver() -> Option<OsString> {
         }
         Ok(path)
     });
-    match setup {
-        Ok(path) => Some(path.clone()),
-        Err(why) if std::env::var_os("SPARKD_REQUIRE_NVRTC").is_some_and(|v| v == "1") => {
-            panic!("SPARKD_REQUIRE_NVRTC=1 but the stand-in driver cannot run: {why}")
-        }
-        Err(why) => {
-            eprintln!("SKIPPED: the stand-in CUDA driver needs NVRTC and a C++ compiler: {why}");
-            None
-        }
-    }
+    sparkd_kernels::emu::setup_or_skip(
+        setup.clone(),
+        "the stand-in CUDA driver needs NVRTC and a C++ compiler",
+    )
 }
 
 /// Runs sparkd with `args` and `env` (plus the stand-in driver) to its exit, within
