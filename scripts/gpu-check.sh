@@ -62,23 +62,33 @@
 #                                               largest batch, prefill at the longest
 #       {"kind":"profile_error","error":"..."}  if timing failed (the rest stands)
 #
-# Usage: gpu-check.sh [--work DIR] [--skip-bench] [--skip-parity] [--smoke]
+# Usage: gpu-check.sh [--work DIR] [--results DIR] [--skip-bench] [--skip-parity] [--smoke]
+#   --results DIR: also write there, as they come, what this prints (gpu-check.txt),
+#   sparkd's log (gpu-check.log) and the benchmark's JSON lines (bench.jsonl), apart
+#   from the multi-GB models in the work dir: on a lent machine, point it at $OUT, so
+#   that a run cut short by the command's time limit still brings back what it measured.
 #   --smoke: a rehearsal of this script on one tiny one-layer model (parity for 2 steps,
 #   the benchmark at small sizes), for CI, where it runs through the stand-in
 #   CUDA driver (tests/tests/cuda_fake_driver.rs); its figures mean nothing.
 # Env: SPARKD (binary), SPARKD_GPU_CHECK_DIR (work dir, default ./gpu-check-work next to
-# this script; synthetic models and the compiled kernels are kept there and reused).
+# this script; synthetic models and the compiled kernels are kept there and reused),
+# GPU_CHECK_PARITY_TIMEOUT and GPU_CHECK_BENCH_TIMEOUT (seconds for each parity run and
+# for the benchmark; 300 and 900 by default: lower them to fit a time-limited session).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 SPARKD=${SPARKD:-$HERE/sparkd}
 WORK=${SPARKD_GPU_CHECK_DIR:-$HERE/gpu-check-work}
+RESULTS=""
+PARITY_TIMEOUT=${GPU_CHECK_PARITY_TIMEOUT:-300}
+BENCH_TIMEOUT=${GPU_CHECK_BENCH_TIMEOUT:-900}
 DO_PARITY=1
 DO_BENCH=1
 SMOKE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --work) WORK=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
     --skip-bench) DO_BENCH=0; shift ;;
     --skip-parity) DO_PARITY=0; shift ;;
     --smoke) SMOKE=1; shift ;;
@@ -122,7 +132,15 @@ mkdir -p "$WORK"
 # The compiled kernels are cached in the work dir, so only the first sparkd run pays
 # NVRTC (tens of seconds), whatever HOME is on the machine.
 export SPARKD_CACHE="${SPARKD_CACHE:-$WORK/cache}"
-LOG="$WORK/gpu-check.log"
+OUTDIR=$WORK
+if [ -n "$RESULTS" ]; then
+  mkdir -p "$RESULTS"
+  OUTDIR=$RESULTS
+  # Everything printed from here on lands in the results as well, line by line.
+  exec > >(tee "$RESULTS/gpu-check.txt") 2>&1
+fi
+LOG="$OUTDIR/gpu-check.log"
+BENCH="$OUTDIR/bench.jsonl"
 : > "$LOG"
 "$SPARKD" --help > "$WORK/help.txt" 2>&1 || true
 has_subcommand() { grep -qE "^  $1( |$)" "$WORK/help.txt"; }
@@ -172,7 +190,7 @@ if [ "$DO_PARITY" = 1 ]; then
   for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
     set +e
-    line=$(timeout 900 "$SPARKD" gpu-parity --model "$m" --steps "$steps" 2>> "$LOG" | tail -n1)
+    line=$(timeout "$PARITY_TIMEOUT" "$SPARKD" gpu-parity --model "$m" --steps "$steps" 2>> "$LOG" | tail -n1)
     rc=$?
     set -e
     f32_err=$(field "$line" f32_max_rel_err)
@@ -207,8 +225,8 @@ if [ "$DO_BENCH" = 1 ]; then
   echo
   echo "benchmark: $(basename "$m") ($what)"
   set +e
-  timeout 1800 "$SPARKD" bench --device cuda --model "$m" --batches "$batches" \
-    --prefill "$prefill" --profile --json > "$WORK/bench.jsonl" 2>> "$LOG"
+  timeout "$BENCH_TIMEOUT" "$SPARKD" bench --device cuda --model "$m" --batches "$batches" \
+    --prefill "$prefill" --profile --json > "$BENCH" 2>> "$LOG"
   rc=$?
   set -e
   [ $rc = 0 ] || { echo "  bench failed (exit $rc, see $LOG)"; failures=$((failures + 1)); }
@@ -231,7 +249,7 @@ if [ "$DO_BENCH" = 1 ]; then
         fi ;;
       profile_error) echo "  kernel profile failed: $(field "$line" error)" ;;
     esac
-  done < "$WORK/bench.jsonl"
+  done < "$BENCH"
   echo
   copy=""
   while IFS= read -r line; do
@@ -240,7 +258,7 @@ if [ "$DO_BENCH" = 1 ]; then
       copy) copy=$(field "$line" gb_s)
             printf '  %-26s %10s %10.1f GB/s\n' "device copy" "" "$copy" ;;
     esac
-  done < "$WORK/bench.jsonl"
+  done < "$BENCH"
   while IFS= read -r line; do
     case "$(field "$line" kind)" in
       decode)
@@ -261,7 +279,7 @@ if [ "$DO_BENCH" = 1 ]; then
       prefill)
         printf '  %-26s %10.1f tok/s\n' "prefill $(field "$line" tokens)" "$(field "$line" tok_s)" ;;
     esac
-  done < "$WORK/bench.jsonl"
+  done < "$BENCH"
   # The issue's goals (set for an H200): reported, not failed, since the card varies.
   b1_gb=""; b1_tok=""; b32_tok=""; pf2048=""
   while IFS= read -r line; do
@@ -271,7 +289,7 @@ if [ "$DO_BENCH" = 1 ]; then
       decode:32:true:*) [ -n "$b32_tok" ] || b32_tok=$(field "$line" tok_s) ;;
       prefill:*:*:2048) pf2048=$(field "$line" tok_s) ;;
     esac
-  done < "$WORK/bench.jsonl"
+  done < "$BENCH"
   goal() { # label value target unit
     awk -v l="$1" -v v="$2" -v t="$3" -v u="$4" 'BEGIN {
       if (v == "") { printf "  %-30s %s\n", l, "not measured"; exit }

@@ -345,9 +345,12 @@ fn gpu_check_script_rehearses_through_the_stand_in() {
     let work = TempDir::new("gpu-check");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
     let mut cmd = Command::new("bash");
+    let results = work.path().join("results");
     cmd.arg(&script)
         .args(["--smoke", "--work"])
-        .arg(work.path())
+        .arg(work.path().join("work"))
+        .arg("--results")
+        .arg(&results)
         .env("SPARKD", bin("sparkd"))
         .env("LD_LIBRARY_PATH", &lib)
         .env("NO_COLOR", "1")
@@ -360,13 +363,23 @@ fn gpu_check_script_rehearses_through_the_stand_in() {
     }
     let out = cmd.output().expect("run gpu-check.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let log = std::fs::read_to_string(work.path().join("gpu-check.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(results.join("gpu-check.log")).unwrap_or_default();
     let all = format!(
         "{stdout}\n{}\nlog:\n{log}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{all}");
     assert!(!log.contains(FAKE_MARK), "{all}");
+    // --results holds what it printed and measured, not the models.
+    let printed = std::fs::read_to_string(results.join("gpu-check.txt")).unwrap_or_default();
+    assert_eq!(printed, stdout, "gpu-check.txt is the output");
+    let bench = std::fs::read_to_string(results.join("bench.jsonl")).unwrap_or_default();
+    assert!(bench.lines().count() > 5, "bench.jsonl: {bench}");
+    let kept: Vec<_> = std::fs::read_dir(&results)
+        .expect("results dir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("UTF-8"))
+        .collect();
+    assert!(kept.iter().all(|f| !f.ends_with(".gguf")), "{kept:?}");
     // The parity row: each run's error in scientific notation and 2 of 2 steps.
     let row = stdout
         .lines()
