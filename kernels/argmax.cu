@@ -25,6 +25,7 @@ static __device__ __forceinline__ void better(float& v, int& i, float ov, int oi
 }
 
 extern "C" __global__ void argmax_f32(const float* logits, int n, u32* out) {
+    pdl_enter();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* x = logits + (u64)blockIdx.x * n;
@@ -56,6 +57,7 @@ extern "C" __global__ void argmax_f32(const float* logits, int n, u32* out) {
 
 extern "C" __global__ void logit_bias_f32(float* logits, int n, const int* bias_rows,
                                           const int* tokens, const float* values) {
+    pdl_enter();
     if (threadIdx.x != 0) return;
     float* x = logits + (u64)blockIdx.x * n;
     for (int e = bias_rows[blockIdx.x]; e < bias_rows[blockIdx.x + 1]; ++e) {

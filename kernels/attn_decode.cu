@@ -185,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS)
                     const i32* block_tables, int max_blocks, const i32* seq_lens,
                     const i32* q_rows, float* out, float* part_o, float* part_ml, int n_heads,
                     int n_kv_heads, int head_dim, float scale) {
+    pdl_enter();
     attn_decode<float>(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, q_rows, out,
                        part_o, part_ml, n_heads, n_kv_heads, head_dim, scale);
 }
@@ -194,6 +195,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS)
                     const i32* block_tables, int max_blocks, const i32* seq_lens,
                     const i32* q_rows, float* out, float* part_o, float* part_ml, int n_heads,
                     int n_kv_heads, int head_dim, float scale) {
+    pdl_enter();
     attn_decode<u16>(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, q_rows, out,
                      part_o, part_ml, n_heads, n_kv_heads, head_dim, scale);
 }
@@ -202,6 +204,7 @@ extern "C" __global__ void attn_decode_reduce(const float* part_o, const float* 
                                               const i32* seq_lens, const i32* q_rows,
                                               float* out, int n_heads, int head_dim,
                                               int n_splits) {
+    pdl_enter();
     const int head = blockIdx.x, s = blockIdx.y;
     const int len = seq_lens[s];
     int valid = (len + SPARKD_ATTN_PARTITION - 1) / SPARKD_ATTN_PARTITION;

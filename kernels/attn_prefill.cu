@@ -160,6 +160,7 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS, 2)
                      const i32* block_tables, int max_blocks, const i32* q_start,
                      const i32* q_len, const i32* start_pos, float* out, int n_heads,
                      int n_kv_heads, int head_dim, float scale) {
+    pdl_enter();
     attn_prefill<float>(q, k_cache, v_cache, block_tables, max_blocks, q_start, q_len,
                         start_pos, out, n_heads, n_kv_heads, head_dim, scale);
 }
@@ -169,6 +170,7 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS, 2)
                      const i32* block_tables, int max_blocks, const i32* q_start,
                      const i32* q_len, const i32* start_pos, float* out, int n_heads,
                      int n_kv_heads, int head_dim, float scale) {
+    pdl_enter();
     attn_prefill<u16>(q, k_cache, v_cache, block_tables, max_blocks, q_start, q_len,
                       start_pos, out, n_heads, n_kv_heads, head_dim, scale);
 }
@@ -389,6 +391,7 @@ static __device__ void attn_prefill_tc(const float* __restrict__ q,
         const float* q, const u16* k_cache, const u16* v_cache, const i32* block_tables,     \
         int max_blocks, const i32* q_start, const i32* q_len, const i32* start_pos,          \
         float* out, int n_heads, int n_kv_heads, float scale) {                              \
+        pdl_enter();                                                                         \
         attn_prefill_tc<HD>(q, k_cache, v_cache, block_tables, max_blocks, q_start, q_len,   \
                             start_pos, out, n_heads, n_kv_heads, scale);                     \
     }

@@ -217,6 +217,46 @@ static __device__ float block_sum(float v, float* scratch) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+)
+//
+// The host launches each kernel of a step with the programmatic-stream-serialization
+// attribute, so the GPU may start it while the kernel before it in the stream is still
+// running (a decode step is ~200 small launches; without this each pays the gap
+// between one grid draining and the next being scheduled). That is safe only because
+// every entry point calls pdl_enter() before it touches any memory the kernels before
+// it write or read: griddepcontrol.wait returns once the grids it depends on have
+// completed and their writes are visible (at once when nothing launched it early), and
+// a grid that has passed it lets the next one be launched. Before the wait a kernel may
+// read only the weights, which nothing writes while a model is loaded: the decode
+// products prefetch their rows into L2 there (prefetch_weights_l2), overlapping the
+// next matrix's first DRAM reads with the end of the kernel before it.
+// kernels/tests/nvrtc_compile.rs checks, in every compiled kernel's PTX, that the wait
+// comes before the first load or store. Below sm_90 both are no-ops and the host
+// launches without the attribute.
+static __device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Asks L2 for the `bytes` of weights at `p`, one 128-byte line per thread in turn: a
+// hint that loads nothing into registers and faults on nothing. Only for memory that no
+// kernel writes (see pdl_enter). Lines are counted from `p` rounded down to 128 bytes,
+// which stays inside `p`'s allocation (device buffers start 256-byte aligned).
+static __device__ __forceinline__ void prefetch_weights_l2(const void* p, u64 bytes) {
+    const u64 start = (u64)p & ~(u64)127;
+    const u64 end = (u64)p + bytes;
+    for (u64 a = start + (u64)threadIdx.x * 128; a < end; a += (u64)blockDim.x * 128) {
+#ifdef SPARKD_HOST_EMULATION
+        emu_prefetch((const void*)a);
+#else
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
+#endif
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Inline PTX for the tensor-core kernels (sm_80+: cp.async, ldmatrix, mma.sync)
 
 #ifdef SPARKD_HOST_EMULATION

@@ -39,9 +39,11 @@ static __device__ void dequant(const u8* __restrict__ w, u16* __restrict__ out, 
 
 #define DEQUANT_ENTRIES(name, T)                                                            \
     extern "C" __global__ void dequant_##name##_f16(const u8* w, u16* out, int rows, int cols) { \
+        pdl_enter();                                                                         \
         dequant<T, false>(w, out, rows, cols);                                               \
     }                                                                                        \
     extern "C" __global__ void dequant_##name##_bf16(const u8* w, u16* out, int rows, int cols) { \
+        pdl_enter();                                                                         \
         dequant<T, true>(w, out, rows, cols);                                                \
     }
 SPARKD_FOR_EACH_WTYPE(DEQUANT_ENTRIES)

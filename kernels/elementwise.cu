@@ -18,9 +18,11 @@ static __device__ void swiglu(const float* gate, const float* up, Out* out, i64 
 }
 
 extern "C" __global__ void swiglu_f32(const float* gate, const float* up, float* out, i64 n) {
+    pdl_enter();
     swiglu(gate, up, out, n);
 }
 
 extern "C" __global__ void swiglu_f16(const float* gate, const float* up, u16* out, i64 n) {
+    pdl_enter();
     swiglu(gate, up, out, n);
 }

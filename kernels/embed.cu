@@ -36,6 +36,7 @@ static __device__ void embed(const u8* __restrict__ table, const u32* __restrict
 #define EMBED_ENTRY(name, T)                                                             \
     extern "C" __global__ void embed_##name(const u8* table, const u32* tokens,          \
                                             float* out, int n_tokens, int cols, int vocab) { \
+        pdl_enter();                                                                     \
         embed<T>(table, tokens, out, n_tokens, cols, vocab);                             \
     }
 SPARKD_FOR_EACH_WTYPE(EMBED_ENTRY)

@@ -161,22 +161,26 @@ static __device__ void gemm(const u16* __restrict__ a, const u16* __restrict__ b
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     gemm_f16(const u16* a, const u16* b, float* c, const float* bias, int m, int n, int k,
              int accumulate) {
+    pdl_enter();
     gemm<false>(a, b, c, bias, m, n, k, accumulate);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     gemm_bf16(const u16* a, const u16* b, float* c, const float* bias, int m, int n, int k,
               int accumulate) {
+    pdl_enter();
     gemm<true>(a, b, c, bias, m, n, k, accumulate);
 }
 
 extern "C" __global__ void convert_f32_f16(const float* in, u16* out, i64 n) {
+    pdl_enter();
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         out[i] = f32_to_f16_sat(in[i]);
 }
 
 extern "C" __global__ void convert_f32_bf16(const float* in, u16* out, i64 n) {
+    pdl_enter();
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         out[i] = f32_to_bf16(in[i]);

@@ -169,9 +169,23 @@ static __device__ void mmv(int block, const u8* __restrict__ w, const u8* __rest
     }
 }
 
+// Before pdl_enter (common.cuh): the block's weight rows into L2, while the kernel
+// before it in the stream finishes. GLU: the same rows of both matrices.
+template <int T, bool GLU>
+static __device__ __forceinline__ void mmv_prefetch(int block, const u8* w, const u8* w_up,
+                                                    int rows, int cols) {
+    constexpr int OUT_ROWS = GLU ? SPARKD_MMV_ROWS / 2 : SPARKD_MMV_ROWS;
+    const int row0 = block * OUT_ROWS;
+    const int n = rows - row0 < OUT_ROWS ? rows - row0 : OUT_ROWS;
+    if (n <= 0) return;
+    const u64 rb = row_bytes<T>(cols);
+    prefetch_weights_l2(w + (u64)row0 * rb, (u64)n * rb);
+    if (GLU) prefetch_weights_l2(w_up + (u64)row0 * rb, (u64)n * rb);
+}
+
 // Up to three matrices of one format that read the same x (a layer's q, k and v) in
 // one launch: the first blocks cover matrix 0, the next matrix 1, then matrix 2
-// (rows2 = 0 for a pair). The branch is uniform over a block.
+// (rows2 = 0 for a pair). The choice is uniform over a block.
 template <int T, int NB>
 static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
                             float* y2, const float* b0, const float* b1, const float* b2,
@@ -180,14 +194,22 @@ static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0,
     constexpr int ROWS = SPARKD_MMV_ROWS;
     const int blocks0 = (rows0 + ROWS - 1) / ROWS, blocks1 = (rows1 + ROWS - 1) / ROWS;
     int block = blockIdx.x;
-    if (block < blocks0) {
-        mmv<T, NB, false>(block, w0, nullptr, x, y0, b0, rows0, cols, nb, 0, norm_gain,
-                          norm_eps);
-    } else if ((block -= blocks0) < blocks1) {
-        mmv<T, NB, false>(block, w1, nullptr, x, y1, b1, rows1, cols, nb, 0, norm_gain,
-                          norm_eps);
-    } else if ((block -= blocks1) * ROWS < rows2) {
-        mmv<T, NB, false>(block, w2, nullptr, x, y2, b2, rows2, cols, nb, 0, norm_gain,
+    const u8* w = w0;
+    float* y = y0;
+    const float* bias = b0;
+    int rows = rows0;
+    if (block >= blocks0) {
+        block -= blocks0;
+        w = w1, y = y1, bias = b1, rows = rows1;
+        if (block >= blocks1) {
+            block -= blocks1;
+            w = w2, y = y2, bias = b2, rows = rows2;
+        }
+    }
+    mmv_prefetch<T, false>(block, w, nullptr, rows, cols);
+    pdl_enter();
+    if (block * ROWS < rows) {
+        mmv<T, NB, false>(block, w, nullptr, x, y, bias, rows, cols, nb, 0, norm_gain,
                           norm_eps);
     }
 }
@@ -197,6 +219,8 @@ static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0,
         mmv_##name##_b##NB(const u8* w, const float* x, float* y, const float* bias,     \
                            int rows, int cols, int nb, int accumulate,                   \
                            const float* norm_gain, float norm_eps) {                     \
+        mmv_prefetch<T, false>(blockIdx.x, w, nullptr, rows, cols);                      \
+        pdl_enter();                                                                      \
         mmv<T, NB, false>(blockIdx.x, w, nullptr, x, y, bias, rows, cols, nb, accumulate, \
                           norm_gain, norm_eps);                                           \
     }
@@ -205,6 +229,8 @@ static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0,
         mmv_glu_##name##_b##NB(const u8* w_gate, const u8* w_up, const float* x,         \
                                float* y, int rows, int cols, int nb,                     \
                                const float* norm_gain, float norm_eps) {                 \
+        mmv_prefetch<T, true>(blockIdx.x, w_gate, w_up, rows, cols);                     \
+        pdl_enter();                                                                      \
         mmv<T, NB, true>(blockIdx.x, w_gate, w_up, x, y, nullptr, rows, cols, nb, 0,     \
                          norm_gain, norm_eps);                                            \
     }

@@ -33,10 +33,12 @@ static __device__ void rmsnorm(const float* x, const float* __restrict__ w, Out*
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* out, int n,
                                        float eps) {
+    pdl_enter();
     rmsnorm(x, w, out, n, eps);
 }
 
 extern "C" __global__ void rmsnorm_f16(const float* x, const float* w, u16* out, int n,
                                        float eps) {
+    pdl_enter();
     rmsnorm(x, w, out, n, eps);
 }

@@ -92,6 +92,7 @@ extern "C" __global__ void rope_kv_write_f32(float* q, const float* k, const flo
                                              int n_tokens, int n_q_heads, int n_kv_heads,
                                              int head_dim, int n_pairs, float linear_scale,
                                              int neox) {
+    pdl_enter();
     rope_kv_write<float>(q, k, v, k_cache, v_cache, pos, slots, inv_freq, n_tokens,
                          n_q_heads, n_kv_heads, head_dim, n_pairs, linear_scale, neox);
 }
@@ -102,6 +103,7 @@ extern "C" __global__ void rope_kv_write_f16(float* q, const float* k, const flo
                                              int n_tokens, int n_q_heads, int n_kv_heads,
                                              int head_dim, int n_pairs, float linear_scale,
                                              int neox) {
+    pdl_enter();
     rope_kv_write<u16>(q, k, v, k_cache, v_cache, pos, slots, inv_freq, n_tokens,
                        n_q_heads, n_kv_heads, head_dim, n_pairs, linear_scale, neox);
 }

@@ -535,6 +535,10 @@ static inline float __shfl_sync(unsigned mask, float v, int src, emu_here at = e
 }
 
 // The kernels' typedefs come from common.cuh, included after this header.
+// prefetch.global.L2 is a hint with nothing to emulate; reading the line's first byte
+// lets the memory checker (SPARKD_EMU_CHECK=memory) catch a prefetch outside every
+// buffer, which the GPU would silently ignore.
+static inline void emu_prefetch(const void* p) { (void)*(const volatile unsigned char*)p; }
 static inline void cp_async16(void* dst, const void* src, unsigned src_bytes) { emu::issue_copy(dst, src, src_bytes); }
 static inline void cp_async_commit() { emu::commit_copies(); }
 template <int N>

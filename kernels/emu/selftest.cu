@@ -81,6 +81,22 @@ extern "C" __global__ void selftest_global_past_end(const float* in, float* out)
     out[g] = in[g + 1];
 }
 
+// An L2 prefetch of the input and one float more (`in`: one float per thread); the GPU
+// would ignore it, the memory checker reports it.
+extern "C" __global__ void selftest_prefetch_past_end(const float* in, float* out) {
+    const int g = blockIdx.x * 64 + threadIdx.x;
+    prefetch_weights_l2(in, (u64)(gridDim.x * 64 + 1) * 4);
+    out[g] = in[g];
+}
+
+// The same within the input, from an address that is not line-aligned (rounded down
+// to the buffer's start).
+extern "C" __global__ void selftest_prefetch_in_bounds(const float* in, float* out) {
+    const int g = blockIdx.x * 64 + threadIdx.x;
+    prefetch_weights_l2(in + 1, (u64)(gridDim.x * 64 - 1) * 4);
+    out[g] = in[g];
+}
+
 // One element past a shared array, behind a correct barrier.
 extern "C" __global__ void selftest_shared_past_end(float* out) {
     __shared__ float s[64];
@@ -147,4 +163,4 @@ extern "C" __global__ void selftest_cp_async_misaligned(const float* in, float* 
     K(selftest_cp_async_waited) K(selftest_blocks_chained) K(selftest_global_past_end)    \
     K(selftest_shared_past_end) K(selftest_shuffle_divergent) K(selftest_shuffle_from_exited)   \
     K(selftest_shuffle_uniform) K(selftest_mma_partial_warp) K(selftest_misaligned_vector_load)  \
-    K(selftest_cp_async_misaligned)
+    K(selftest_cp_async_misaligned) K(selftest_prefetch_past_end) K(selftest_prefetch_in_bounds)

@@ -163,6 +163,12 @@ fn the_memory_checker_reports_reads_past_a_buffer_or_a_shared_array() {
         None,
         "AddressSanitizer: global-buffer-overflow",
     );
+    assert_reported(
+        &emu,
+        "selftest_prefetch_past_end",
+        Some(&one_each),
+        "AddressSanitizer: heap-buffer-overflow",
+    );
     let padded: Vec<f32> = (0..THREADS + 3).map(|g| g as f32).collect();
     assert_reported(
         &emu,
@@ -182,6 +188,11 @@ fn the_memory_checker_passes_kernels_that_stay_in_bounds() {
     assert_eq!(
         run(&emu, "selftest_cp_async_waited", Some(&input())).unwrap(),
         neighbours()
+    );
+    let one_each: Vec<f32> = (0..THREADS).map(|g| g as f32).collect();
+    assert_eq!(
+        run(&emu, "selftest_prefetch_in_bounds", Some(&one_each)).unwrap(),
+        one_each
     );
 }
 

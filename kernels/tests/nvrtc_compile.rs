@@ -88,6 +88,11 @@ fn every_module_compiles_cleanly_for_hopper_and_gb10() {
             if ptx.contains(".local .align") && *module != "rope_kv.cu" {
                 failures.push(format!("{module} for {arch}: PTX uses local memory"));
             }
+            failures.extend(
+                pdl_order_failures(ptx)
+                    .into_iter()
+                    .map(|f| format!("{module} for {arch}: {f}")),
+            );
             let frames = ptxas_frames(report);
             if frames.len() != want.len() {
                 failures.push(format!(
@@ -165,6 +170,117 @@ fn compile_all_builds_every_module_concurrently_into_the_cache() {
     assert_eq!(
         first.modules, second.modules,
         "the second start reads the cache"
+    );
+}
+
+/// The kernels whose PTX breaks the rule programmatic dependent launch rests on
+/// (common.cuh, `pdl_enter`): each entry waits (`griddepcontrol.wait`) exactly once and
+/// lets the next grid launch, and no load or store but of its parameters comes before
+/// the wait in the program text (an L2 prefetch of weights may). Sources call
+/// `pdl_enter()` first, so this catches an entry point without it and a load moved in
+/// front of it; a wait placed in a branch would need a control-flow analysis to catch.
+fn pdl_order_failures(ptx: &str) -> Vec<String> {
+    let mut failures = Vec::new();
+    for entry in ptx.split(".entry ").skip(1) {
+        let name: String = entry
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let mut waits = 0;
+        let mut launches = false;
+        let mut early = None;
+        for line in entry.lines() {
+            let line = line.split("//").next().unwrap_or("").trim();
+            // `@%p1 ld.global...`, `@!%p2 st...`: the opcode follows the guard.
+            let op = line
+                .strip_prefix('@')
+                .and_then(|l| l.split_once(char::is_whitespace))
+                .map_or(line, |(_, rest)| rest.trim_start());
+            if op.starts_with("griddepcontrol.wait") {
+                waits += 1;
+            } else if op.starts_with("griddepcontrol.launch_dependents") {
+                launches = true;
+            } else if waits == 0 && early.is_none() && touches_memory(op) {
+                early = Some(op.to_string());
+            }
+        }
+        if let Some(op) = early {
+            failures.push(format!("{name}: `{op}` before griddepcontrol.wait"));
+        }
+        if waits != 1 {
+            failures.push(format!("{name}: {waits} griddepcontrol.wait, expected 1"));
+        }
+        if !launches {
+            failures.push(format!("{name}: no griddepcontrol.launch_dependents"));
+        }
+    }
+    failures
+}
+
+/// A PTX instruction that reads or writes memory a kernel before this one may write,
+/// or write what it reads (anything but kernel parameters and prefetch hints).
+fn touches_memory(op: &str) -> bool {
+    const OPS: [&str; 9] = [
+        "ld.", "ldu.", "st.", "atom.", "red.", "cp.async", "ldmatrix", "tex.", "sured.",
+    ];
+    OPS.iter().any(|p| op.starts_with(p)) && !op.starts_with("ld.param")
+}
+
+#[test]
+fn pdl_order_check_catches_a_load_before_the_wait_and_a_missing_wait() {
+    let good = "
+.visible .entry ok(
+\t.param .u64 ok_param_0
+)
+{
+\tld.param.u64 \t%rd1, [ok_param_0];
+\tprefetch.global.L2 \t[%rd2];
+\t// begin inline asm
+\tgriddepcontrol.wait;
+\t// end inline asm
+\tgriddepcontrol.launch_dependents;
+\tld.global.nc.f32 \t%f1, [%rd1];
+}";
+    assert!(
+        pdl_order_failures(good).is_empty(),
+        "{:?}",
+        pdl_order_failures(good)
+    );
+    let early = good.replace(
+        "\tprefetch.global.L2 \t[%rd2];",
+        "\t@%p1 ld.global.f32 %f2, [%rd2];",
+    );
+    let failures = pdl_order_failures(&early);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0].starts_with("ok: `ld.global.f32"),
+        "{failures:?}"
+    );
+    let store = good.replace(
+        "\tprefetch.global.L2 \t[%rd2];",
+        "\tst.global.f32 [%rd2], %f2;",
+    );
+    assert_eq!(pdl_order_failures(&store).len(), 1);
+    let missing = good
+        .replace("\tgriddepcontrol.wait;", "")
+        .replace("\tgriddepcontrol.launch_dependents;", "");
+    let failures = pdl_order_failures(&missing);
+    assert!(
+        failures
+            .iter()
+            .any(|f| f == "ok: 0 griddepcontrol.wait, expected 1")
+            && failures
+                .iter()
+                .any(|f| f == "ok: no griddepcontrol.launch_dependents"),
+        "{failures:?}"
+    );
+    let twice = format!("{good}\n.visible .entry second(\n)\n{{\n\tret;\n}}");
+    assert_eq!(
+        pdl_order_failures(&twice),
+        vec![
+            "second: 0 griddepcontrol.wait, expected 1".to_string(),
+            "second: no griddepcontrol.launch_dependents".to_string()
+        ]
     );
 }
 
