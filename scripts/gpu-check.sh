@@ -41,11 +41,13 @@
 #     prints JSON lines, one flat object per measurement:
 #       {"kind":"device","name":"NVIDIA GB10","sm":"sm_121","memory_bytes":128000000000}
 #       {"kind":"copy","gb_s":230.5}            device-to-device copy, (read+write)/time
-#       {"kind":"decode","batch":8,"graphs":true,"matmul":"mmq","tok_s":310.2,"gb_s":201.7,
-#        "served_tok_s":290.0,"served_logits_tok_s":250.3}
+#       {"kind":"decode","batch":8,"graphs":true,"pdl":true,"matmul":"mmq","tok_s":310.2,
+#        "gb_s":201.7,"served_tok_s":290.0,"served_logits_tok_s":250.3}
 #                                               gb_s = bytes read per step (weights and
-#                                               KV) / step time; batch 1 comes twice,
-#                                               with and without CUDA graphs; larger
+#                                               KV) / step time; batch 1 comes
+#                                               again without CUDA graphs and (where
+#                                               the device takes it, sm_90+) without
+#                                               programmatic dependent launch; larger
 #                                               batches twice, on the tensor-core
 #                                               mat-mul (first) and on the mat-vec;
 #                                               served_*: the host's clock around each
@@ -54,7 +56,7 @@
 #                                               engine does for greedy requests) and,
 #                                               on the first line of a batch only, with
 #                                               whole logit rows to the host (sampled)
-#       {"kind":"prefill","tokens":512,"tok_s":4100.0}
+#       {"kind":"prefill","tokens":512,"pdl":true,"tok_s":4100.0}
 #   with --profile, then per-kernel device times (graphs off, each launch timed):
 #       {"kind":"profile","phase":"decode batch 1","steps":9,"kernel":"mmv_q4_k_b1",
 #        "launches":1152,"ms_per_step":5.1,"share":0.62}
@@ -259,6 +261,9 @@ if [ "$DO_BENCH" = 1 ]; then
             printf '  %-26s %10s %10.1f GB/s\n' "device copy" "" "$copy" ;;
     esac
   done < "$BENCH"
+  # The first line is the default; "no PDL" marks the comparison line only where the
+  # default has programmatic dependent launch on (sm_90+).
+  pdl_default_on=$(grep -m1 '"kind":"decode"' "$BENCH" | grep -q '"pdl":true' && echo 1 || true)
   while IFS= read -r line; do
     case "$(field "$line" kind)" in
       decode)
@@ -266,6 +271,7 @@ if [ "$DO_BENCH" = 1 ]; then
         pct=$(awk -v g="$gb" -v c="${copy:-0}" 'BEGIN { if (c > 0) printf "(%.0f%% of copy)", 100 * g / c }')
         label="decode batch $(field "$line" batch)"
         [ "$(field "$line" graphs)" = false ] && label="$label, no graphs"
+        [ "$(field "$line" pdl)" = false ] && [ -n "$pdl_default_on" ] && label="$label, no PDL"
         # Batches past mmq_min_tokens come twice: the default (tensor-core mat-mul),
         # then the mat-vec, for the crossover.
         [ "$(field "$line" batch)" != 1 ] && [ "$(field "$line" matmul)" = mmv ] \

@@ -226,26 +226,33 @@ pub fn run(
     let vocab = model.config.vocab_size;
     let defaults = CudaOptions::default();
     let (mmq_min, gemm_min) = (defaults.mmq_min_tokens, defaults.gemm_min_tokens);
+    // On where the device takes it (sm_90+): the default, first in each batch.
+    let pdl = b.pdl();
     for &batch in batches {
         let batch = batch.max(1);
-        // Batch 1 is where launch overhead shows most: measured without graphs too.
-        // Batches on the tensor-core mat-mul are measured on the mat-vec too, which
-        // shows where the crossover (`mmq_min_tokens`) belongs on this device.
-        let mut modes = vec![(true, mmq_min)];
+        // Batch 1 is where launch overhead shows most: measured without graphs and
+        // without programmatic dependent launch too. Batches on the tensor-core mat-mul
+        // are measured on the mat-vec too, which shows where the crossover
+        // (`mmq_min_tokens`) belongs on this device.
+        let mut modes = vec![(true, pdl, mmq_min)];
         if batch == 1 {
-            modes.push((false, mmq_min));
+            modes.push((false, pdl, mmq_min));
+            if pdl {
+                modes.push((true, false, mmq_min));
+            }
         } else if batch >= mmq_min {
-            modes.push((true, usize::MAX));
+            modes.push((true, pdl, usize::MAX));
         }
-        for (n, (graphs, min_rows)) in modes.into_iter().enumerate() {
+        for (n, (graphs, pdl, min_rows)) in modes.into_iter().enumerate() {
             b.set_graphs(graphs);
+            b.set_pdl(pdl);
             b.set_matmul_thresholds(min_rows, gemm_min);
             let matmul = if batch >= min_rows { "mmq" } else { "mmv" };
             let run = greedy_decode(&mut b, vocab, batch, prompt, steps)?;
             let secs = run.elapsed.as_secs_f64().max(1e-9);
             let bytes = b.weight_bytes_per_step() * steps as u64
                 + run.kv_positions * b.kv_bytes_per_token() as u64;
-            let mut line = json!({"kind": "decode", "batch": batch, "graphs": graphs, "matmul": matmul, "tok_s": run.tok_s(), "gb_s": bytes as f64 / secs / 1e9, "served_tok_s": run.wall_tok_s()});
+            let mut line = json!({"kind": "decode", "batch": batch, "graphs": graphs, "pdl": pdl, "matmul": matmul, "tok_s": run.tok_s(), "gb_s": bytes as f64 / secs / 1e9, "served_tok_s": run.wall_tok_s()});
             // The default configuration again with whole logit rows to the host, as a
             // sampled request takes them: what the copy costs the serving loop.
             if n == 0 {
@@ -256,12 +263,13 @@ pub fn run(
         }
     }
     b.set_graphs(true);
+    b.set_pdl(pdl);
     b.set_matmul_thresholds(mmq_min, gemm_min);
     for &n in prefills {
         let n = n.max(1);
         let best = prefill_best(&mut b, vocab, n, 2)?;
         emit(
-            json!({"kind": "prefill", "tokens": n, "tok_s": n as f64 / best.as_secs_f64().max(1e-9)}),
+            json!({"kind": "prefill", "tokens": n, "pdl": pdl, "tok_s": n as f64 / best.as_secs_f64().max(1e-9)}),
             json_out,
         );
     }

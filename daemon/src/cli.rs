@@ -67,6 +67,15 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub cuda_graphs: Option<bool>,
+    /// Launch each kernel while the one before it finishes (programmatic dependent
+    /// launch, sm_90 and newer) [default: on]; `off` launches them one after another.
+    #[arg(
+        long,
+        value_name = "on|off",
+        hide_possible_values = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub cuda_pdl: Option<bool>,
     /// KV cache size in tokens, shared by all running sequences [default: 16384].
     #[arg(long)]
     pub kv_tokens: Option<usize>,
@@ -130,6 +139,7 @@ impl ServeArgs {
             device: self.device.or(file.device),
             threads: self.threads.or(file.threads),
             cuda_graphs: self.cuda_graphs.or(file.cuda_graphs),
+            cuda_pdl: self.cuda_pdl.or(file.cuda_pdl),
             kv_tokens: self.kv_tokens.or(file.kv_tokens),
             ctx: self.ctx.or(file.ctx),
             max_running: self.max_running.or(file.max_running),
@@ -381,5 +391,24 @@ mod tests {
             Some(true)
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cuda_pdl_takes_on_and_off_from_the_flag_or_the_file() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["sparkd", "serve"];
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Some(Cmd::Serve(a))) => Ok(a.cuda_pdl),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(parse(&[]), Ok(None));
+        assert_eq!(parse(&["--cuda-pdl", "off"]), Ok(Some(false)));
+        assert_eq!(parse(&["--cuda-pdl", "on"]), Ok(Some(true)));
+        assert!(parse(&["--cuda-pdl", "maybe"]).is_err());
+        let file: ServeArgs = toml::from_str("cuda_pdl = false\n").expect("parses");
+        assert_eq!(file.cuda_pdl, Some(false));
     }
 }

@@ -155,6 +155,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cuda = backend::cuda::CudaOptions {
         kv_tokens: cfg.kv_tokens,
         graphs: args.cuda_graphs.unwrap_or(true),
+        pdl: args.cuda_pdl.unwrap_or(true),
         ..Default::default()
     };
     let engine = start_engine(model, &path, cfg, cuda, request, &choice)?;

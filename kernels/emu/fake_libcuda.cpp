@@ -22,10 +22,15 @@
 //  - during a stream capture (thread-local mode) a synchronising call, an allocation or
 //    a copy from host memory on the capturing thread fails with
 //    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture; captured
-//    launches keep the argument values they were given, as a replayed graph does.
+//    launches keep the argument values they were given, as a replayed graph does;
+//  - cuLaunchKernelEx takes the programmatic-stream-serialization attribute alone, and
+//    only on compute capability 9.0 or newer. Launches still run one after another
+//    (a valid schedule of programmatic dependent launch; the kernels' side of the
+//    contract is checked on their PTX by kernels/tests/nvrtc_compile.rs).
 //
 // Knobs (environment, read at cuInit): SPARKD_FAKE_CUDA_DEVICES (0 or 1, default 1),
-// SPARKD_FAKE_CUDA_CC (default "9.0"), SPARKD_FAKE_CUDA_MEMORY_MIB (default 4096).
+// SPARKD_FAKE_CUDA_CC (default "9.0"), SPARKD_FAKE_CUDA_MEMORY_MIB (default 4096),
+// SPARKD_FAKE_CUDA_NO_PDL=1 (a driver that refuses programmatic dependent launch).
 // Problems are explained on stderr, prefixed "fake libcuda:".
 #include "kernels.h"
 
@@ -69,6 +74,7 @@ enum : CUresult {
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
     CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
@@ -201,6 +207,7 @@ struct Driver {
     bool inited = false;
     int devices = 1;
     int cc_major = 9, cc_minor = 0;
+    bool no_pdl = false;
     size_t total = 4096ull << 20;
     size_t used = 0;
     std::map<uintptr_t, size_t> allocs;
@@ -412,6 +419,7 @@ FAKE_API CUresult cuGetErrorName(CUresult e, const char** out) {
         {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS"},
         {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"},
         {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED"},
+        {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED"},
         {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
         {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
         {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"},
@@ -434,6 +442,7 @@ FAKE_API CUresult cuInit(unsigned flags) {
     if (const char* v = std::getenv("SPARKD_FAKE_CUDA_DEVICES")) d.devices = std::atoi(v) > 0 ? 1 : 0;
     if (const char* v = std::getenv("SPARKD_FAKE_CUDA_CC")) std::sscanf(v, "%d.%d", &d.cc_major, &d.cc_minor);
     if (const char* v = std::getenv("SPARKD_FAKE_CUDA_MEMORY_MIB")) d.total = std::strtoull(v, nullptr, 10) << 20;
+    if (const char* v = std::getenv("SPARKD_FAKE_CUDA_NO_PDL")) d.no_pdl = std::atoi(v) != 0;
     if (d.devices == 0) return CUDA_ERROR_NO_DEVICE;
     d.inited = true;
     return CUDA_SUCCESS;
@@ -917,4 +926,43 @@ FAKE_API CUresult cuLaunchKernel(void* func, unsigned gx, unsigned gy, unsigned 
     }
     enqueue(st, std::move(run));
     return CUDA_SUCCESS;
+}
+
+// CUlaunchAttribute and CUlaunchConfig as cuda.h lays them out (x86-64 and aarch64).
+struct LaunchAttribute {
+    int id;
+    char pad[4];
+    union {
+        char raw[64];
+        int programmatic_stream_serialization_allowed;
+    } value;
+};
+struct LaunchConfig {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+    void* stream;
+    LaunchAttribute* attrs;
+    unsigned n_attrs;
+};
+static_assert(sizeof(LaunchAttribute) == 72 && sizeof(LaunchConfig) == 56, "cuda.h layout");
+constexpr int LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+
+FAKE_API CUresult cuLaunchKernelEx(const LaunchConfig* c, void* func, void** params, void** extra) {
+    NEED_CTX();
+    if (c == nullptr || (c->n_attrs > 0 && c->attrs == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < c->n_attrs; ++i) {
+        const LaunchAttribute& a = c->attrs[i];
+        if (a.id != LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) {
+            complain("cuLaunchKernelEx: launch attribute %d is not emulated", a.id);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (a.value.programmatic_stream_serialization_allowed == 0) continue;
+        if (drv().no_pdl) return CUDA_ERROR_NOT_SUPPORTED;  // SPARKD_FAKE_CUDA_NO_PDL
+        if (drv().cc_major < 9) {
+            complain("cuLaunchKernelEx: programmatic dependent launch needs compute capability 9.0, not %d.%d",
+                     drv().cc_major, drv().cc_minor);
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return cuLaunchKernel(func, c->grid_x, c->grid_y, c->grid_z, c->block_x, c->block_y, c->block_z,
+                          c->shared, c->stream, params, extra);
 }

@@ -334,6 +334,16 @@ fn unusable_gpus_are_clear_errors_under_cuda_and_the_cpu_under_auto() {
     }
     let (backend, log) = backend_under_auto(&[]);
     assert_eq!(backend, "cuda", "{log}");
+    assert!(log.contains("programmatic_launch=true"), "{log}");
+    // A driver that refuses programmatic dependent launch: the start-up probe turns it
+    // off, with a warning, and the GPU still serves.
+    let (backend, log) = backend_under_auto(&[("SPARKD_FAKE_CUDA_NO_PDL", "1")]);
+    assert_eq!(backend, "cuda", "{log}");
+    assert!(
+        log.contains("programmatic dependent launch refused")
+            && log.contains("programmatic_launch=false"),
+        "{log}"
+    );
 }
 
 /// scripts/gpu-check.sh, the one run a GPU machine gets, rehearsed end to end: its
@@ -401,6 +411,7 @@ fn gpu_check_script_rehearses_through_the_stand_in() {
         "device   sparkd fake GPU (CPU emulator) (sm_90)",
         "device copy",
         "decode batch 1, no graphs",
+        "decode batch 1, no PDL",
         "decode batch 32, mat-vec",
         "prefill 64",
         "decode batch 32 / batch 1",

@@ -49,6 +49,10 @@ pub struct CudaOptions {
     pub gemm_scratch_max_bytes: usize,
     /// Capture decode steps as CUDA graphs, one per padded shape, and replay them.
     pub graphs: bool,
+    /// Launch each kernel programmatically dependent on the one before it (sm_90+,
+    /// where the driver takes it): the GPU starts it, and its weight prefetch, while
+    /// the kernel before drains, instead of after (kernels/common.cuh, `pdl_enter`).
+    pub pdl: bool,
     /// Element type of the device KV cache.
     pub kv_type: KvType,
     /// Weights go up from the file in chunks of this many bytes, each chunk's pages of
@@ -64,6 +68,7 @@ impl Default for CudaOptions {
             mmq_min_tokens: 4,
             gemm_scratch_max_bytes: 512 << 20,
             graphs: true,
+            pdl: true,
             kv_type: KvType::F16,
             upload_chunk_bytes: 64 << 20,
         }
@@ -182,8 +187,9 @@ impl ProfileTotals {
 
 impl<G: Gpu> CudaBackend<G> {
     /// Uploads `model`'s weights to `gpu` and allocates the KV cache there.
-    pub fn new(model: &Model, mut gpu: G, opts: CudaOptions) -> Result<Self, GpuError> {
+    pub fn new(model: &Model, mut gpu: G, mut opts: CudaOptions) -> Result<Self, GpuError> {
         let cfg = model.config.clone();
+        opts.pdl = gpu.set_programmatic_launch(opts.pdl);
         let w = DevWeights::upload(&mut gpu, model, opts.upload_chunk_bytes)?;
         let pool = BlockPool::for_tokens(opts.kv_tokens.max(BLOCK_TOKENS));
         let kv_bytes =
@@ -202,6 +208,7 @@ impl<G: Gpu> CudaBackend<G> {
             kv_tokens = pool.total_blocks() * BLOCK_TOKENS,
             kv_mib = (2 * kv_bytes) >> 20,
             kv_type = ?opts.kv_type,
+            programmatic_launch = opts.pdl,
             "model uploaded to the device"
         );
         Ok(CudaBackend {
@@ -281,6 +288,23 @@ impl<G: Gpu> CudaBackend<G> {
         if !on {
             self.graphs.clear(&mut self.gpu);
         }
+    }
+
+    /// Turns programmatic dependent launch on or off (benchmarks compare the two) and
+    /// returns whether it is on: only where the device takes it. Captured graphs hold
+    /// the old launches, so they go.
+    pub fn set_pdl(&mut self, on: bool) -> bool {
+        let now = self.gpu.set_programmatic_launch(on);
+        if now != self.opts.pdl {
+            self.opts.pdl = now;
+            self.graphs.clear(&mut self.gpu);
+        }
+        now
+    }
+
+    /// Whether kernels launch programmatically dependent ([`CudaOptions::pdl`]).
+    pub fn pdl(&self) -> bool {
+        self.opts.pdl
     }
 
     /// Sets [`CudaOptions::mmq_min_tokens`] and [`CudaOptions::gemm_min_tokens`]

@@ -160,6 +160,14 @@ pub trait Gpu: Send {
     fn take_kernel_times(&mut self) -> Result<Vec<KernelTime>, GpuError>;
     /// Device-to-device copy of `bytes` bytes (benchmarks measure bandwidth with it).
     fn copy(&mut self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), GpuError>;
+    /// Programmatic dependent launch (kernels/common.cuh, `pdl_enter`): each launch
+    /// may start while the kernel before it finishes. Returns whether launches use it
+    /// from now on: only where the device and driver take it. Graphs captured before
+    /// keep the launches they were captured with.
+    fn set_programmatic_launch(&mut self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
     /// `name (sm_NN)`.
     fn name(&self) -> String;
     /// (free, total) device memory, when the device can say.

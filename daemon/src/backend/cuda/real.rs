@@ -4,6 +4,12 @@
 //! architecture (`sparkd_kernels::compile`: SASS, cached) and loaded at start, and a pair
 //! of CUDA events around each step for its duration on the device.
 //!
+//! Programmatic dependent launch (sm_90+): every kernel goes out with the
+//! programmatic-stream-serialization attribute, so the GPU may start it while the kernel
+//! before it drains; the kernels wait for their inputs themselves (`pdl_enter` in
+//! kernels/common.cuh). A start-up probe launches and captures a pair that way first,
+//! and a driver that refuses either leaves it off.
+//!
 //! Graphs: the forward captures decode steps on the stream (thread-local capture mode,
 //! so a stray synchronising call on this thread breaks the capture with an error
 //! instead of corrupting it) and replays the instantiated graph; what the forward
@@ -22,7 +28,7 @@ use std::time::Duration;
 
 use cudarc::driver::result::{self, stream::StreamKind, DriverError};
 use cudarc::driver::{sys, CudaContext};
-use sparkd_kernels::Arch;
+use sparkd_kernels::{names, Arch};
 
 use super::gpu::{Buf, DevPtr, Gpu, GpuError, GraphId, KArg, KernelTime, KernelTotals, Launch};
 use super::host_rows::{HostRows, Release};
@@ -37,6 +43,9 @@ fn driver(call: &'static str) -> impl Fn(DriverError) -> GpuError {
             .unwrap_or_else(|_| format!("{:?}", e.0)),
     }
 }
+
+/// Programmatic dependent launch needs Hopper or newer (`griddepcontrol`).
+const PDL_MIN_SM: u32 = 90;
 
 pub struct CudaGpu {
     ctx: Arc<CudaContext>,
@@ -54,6 +63,10 @@ pub struct CudaGpu {
     graphs: Vec<Option<(sys::CUgraph, sys::CUgraphExec)>>,
     /// Per-launch events while kernel timing is on.
     timer: Option<LaunchTimer>,
+    /// The device and driver take programmatic dependent launches (the start-up probe
+    /// passed), and whether launches use them now.
+    pdl_usable: bool,
+    pdl_on: bool,
 }
 
 /// Kernel timing: `events[0]` is recorded before the first timed launch and
@@ -149,6 +162,8 @@ impl CudaGpu {
             params: Vec::new(),
             graphs: Vec::new(),
             timer: None,
+            pdl_usable: false,
+            pdl_on: false,
         };
         for module in &kernels.modules {
             // SAFETY: a cubin (checked by KernelImage::new to be a CUDA ELF image for
@@ -168,13 +183,66 @@ impl CudaGpu {
                 gpu.functions.insert(entry.to_string(), f);
             }
         }
+        gpu.pdl_usable = match gpu.probe_programmatic_launch() {
+            Ok(()) => true,
+            Err(reason) => {
+                if arch.sm() >= PDL_MIN_SM {
+                    tracing::warn!(%reason, "programmatic dependent launch refused; kernels launch one after another");
+                }
+                false
+            }
+        };
         tracing::info!(
             device = %gpu.name,
             arch = %gpu.arch,
             kernels = gpu.functions.len(),
+            programmatic_launch = gpu.pdl_usable,
             "CUDA kernels loaded"
         );
         Ok(gpu)
+    }
+
+    /// Two kernels that touch no memory, launched programmatically dependent, then
+    /// captured that way into a graph and replayed: what the forward will do.
+    fn probe_programmatic_launch(&mut self) -> Result<(), GpuError> {
+        if self.arch.sm() < PDL_MIN_SM {
+            return Err(GpuError::Unsupported(format!(
+                "{} has no programmatic dependent launch",
+                self.arch
+            )));
+        }
+        self.bind()?;
+        // swiglu over zero elements: a grid-stride loop that reads nothing.
+        let args = [KArg::Null, KArg::Null, KArg::Null, KArg::I64(0)];
+        let cfg = Launch::linear(1, 32);
+        self.pdl_on = true;
+        let probe = (|| {
+            for _ in 0..2 {
+                self.launch(names::SWIGLU, cfg, &args)?;
+            }
+            self.synchronize()?;
+            self.capture_begin()?;
+            let recorded = (0..2).try_for_each(|_| self.launch(names::SWIGLU, cfg, &args));
+            let graph = match (recorded, self.capture_end()) {
+                (Ok(()), captured) => captured?,
+                (Err(e), captured) => {
+                    if let Ok(g) = captured {
+                        self.graph_free(g);
+                    }
+                    return Err(e);
+                }
+            };
+            let replayed = self.graph_launch(graph).and_then(|()| self.synchronize());
+            self.graph_free(graph);
+            replayed
+        })();
+        self.pdl_on = false;
+        probe
+    }
+
+    fn synchronize(&self) -> Result<(), GpuError> {
+        // SAFETY: the stream was created in `new` and lives until Drop.
+        unsafe { result::stream::synchronize(self.stream) }.map_err(driver("cuStreamSynchronize"))
     }
 
     fn bind(&self) -> Result<(), GpuError> {
@@ -339,23 +407,53 @@ impl Gpu for CudaGpu {
                 t.record(0, self.stream)?;
             }
         }
-        // SAFETY: `f` is a function of a loaded module; `ptrs` points at one value per
-        // kernel parameter, alive until cuLaunchKernel returns (it copies them); the
-        // buffers the pointers address are allocated and stay so until `free`, which
-        // drains the stream first.
-        unsafe {
-            result::launch_kernel(
-                f,
-                (cfg.grid[0], cfg.grid[1], cfg.grid[2]),
-                (cfg.block[0], cfg.block[1], cfg.block[2]),
-                cfg.shared,
-                self.stream,
-                &mut ptrs,
-            )
-        }
-        .map_err(|e| GpuError::Launch {
+        // Timed launches keep their events between them, which would serialise
+        // them anyway.
+        let launched = if self.pdl_on && self.timer.is_none() {
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+            };
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: cfg.grid[0],
+                gridDimY: cfg.grid[1],
+                gridDimZ: cfg.grid[2],
+                blockDimX: cfg.block[0],
+                blockDimY: cfg.block[1],
+                blockDimZ: cfg.block[2],
+                sharedMemBytes: cfg.shared,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below, and `config` and the attribute it points at outlive
+            // the call (the driver copies them).
+            unsafe {
+                sys::cuLaunchKernelEx(&config, f, ptrs.as_mut_ptr(), std::ptr::null_mut()).result()
+            }
+            .map_err(driver("cuLaunchKernelEx"))
+        } else {
+            // SAFETY: `f` is a function of a loaded module; `ptrs` points at one value
+            // per kernel parameter, alive until cuLaunchKernel returns (it copies
+            // them); the buffers the pointers address are allocated and stay so until
+            // `free`, which drains the stream first.
+            unsafe {
+                result::launch_kernel(
+                    f,
+                    (cfg.grid[0], cfg.grid[1], cfg.grid[2]),
+                    (cfg.block[0], cfg.block[1], cfg.block[2]),
+                    cfg.shared,
+                    self.stream,
+                    &mut ptrs,
+                )
+            }
+            .map_err(driver("cuLaunchKernel"))
+        };
+        launched.map_err(|e| GpuError::Launch {
             kernel: kernel.to_string(),
-            message: driver("cuLaunchKernel")(e).to_string(),
+            message: e.to_string(),
         })?;
         if let Some(t) = self.timer.as_mut() {
             t.record(t.kernels.len() + 1, self.stream)?;
@@ -482,6 +580,11 @@ impl Gpu for CudaGpu {
         };
         t.flush()?;
         Ok(std::mem::take(&mut t.totals).sorted())
+    }
+
+    fn set_programmatic_launch(&mut self, on: bool) -> bool {
+        self.pdl_on = on && self.pdl_usable;
+        self.pdl_on
     }
 
     fn name(&self) -> String {
