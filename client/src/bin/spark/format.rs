@@ -11,10 +11,7 @@ pub fn stats_line(done: &DoneEvent) -> String {
         .map_or_else(|| "—".to_owned(), |tps| format!("{tps:.1}"));
     let tokens = done.usage.completion_tokens;
     let noun = if tokens == 1 { "token" } else { "tokens" };
-    let ttft = done
-        .timings
-        .ttft_ms
-        .map_or_else(|| "—".to_owned(), |ms| format!("{:.1}", ms / 1000.0));
+    let ttft = done.timings.ttft_ms.map_or_else(|| "—".to_owned(), seconds);
     let mut line = format!("{tps} tok/s · {tokens} {noun} · {ttft} s to first token");
     if !matches!(
         done.finish_reason,
@@ -24,6 +21,19 @@ pub fn stats_line(done: &DoneEvent) -> String {
         line.push_str(done.finish_reason.as_str());
     }
     line
+}
+
+/// Milliseconds as seconds: one decimal from a second up (`1.8`), two significant
+/// digits below (`0.26`, `0.095`, `0.0042`), so that a fast first token does not read
+/// `0.0`.
+fn seconds(ms: f64) -> String {
+    let s = ms / 1000.0;
+    // From 0.995 s, two significant digits round to 1.0.
+    if !(s > 0.0 && s < 0.995) {
+        return format!("{s:.1}");
+    }
+    let decimals = (1 - s.log10().floor() as i32).clamp(1, 4) as usize;
+    format!("{s:.decimals$}")
 }
 
 /// The `spark jobs` table, newest first as given. `now_ms` is the current Unix time in
@@ -234,13 +244,33 @@ mod tests {
         let line = stats_line(&done(Some(33.46), 60, Some(1849.0), FinishReason::Stop));
         assert_eq!(line, "33.5 tok/s · 60 tokens · 1.8 s to first token");
         let line = stats_line(&done(Some(120.0), 512, Some(95.0), FinishReason::Length));
-        assert_eq!(line, "120.0 tok/s · 512 tokens · 0.1 s to first token");
+        assert_eq!(line, "120.0 tok/s · 512 tokens · 0.095 s to first token");
+    }
+
+    #[test]
+    fn first_token_times_under_a_second_keep_two_significant_digits() {
+        let cases = [
+            (1849.0, "1.8"),
+            (1000.0, "1.0"),
+            (999.0, "1.0"),
+            (950.0, "0.95"),
+            (994.0, "0.99"),
+            (260.0, "0.26"),
+            (95.0, "0.095"),
+            (14.6, "0.015"),
+            (4.2, "0.0042"),
+            (0.01, "0.0000"),
+            (0.0, "0.0"),
+        ];
+        for (ms, want) in cases {
+            assert_eq!(seconds(ms), want, "{ms} ms");
+        }
     }
 
     #[test]
     fn stats_line_without_rates() {
         let line = stats_line(&done(None, 1, Some(260.0), FinishReason::Stop));
-        assert_eq!(line, "— tok/s · 1 token · 0.3 s to first token");
+        assert_eq!(line, "— tok/s · 1 token · 0.26 s to first token");
         let line = stats_line(&done(None, 0, None, FinishReason::Cancelled));
         assert_eq!(line, "— tok/s · 0 tokens · — s to first token · cancelled");
     }

@@ -7,8 +7,17 @@ export function statsLine(usage) {
   const tps = isNumber(usage.decode_tps) ? usage.decode_tps.toFixed(1) : DASH;
   const tokens = usage.completion_tokens;
   const noun = tokens === 1 ? 'token' : 'tokens';
-  const ttft = isNumber(usage.ttft_ms) ? (usage.ttft_ms / 1000).toFixed(1) : DASH;
+  const ttft = isNumber(usage.ttft_ms) ? seconds(usage.ttft_ms) : DASH;
   return `${tps} tok/s · ${tokens} ${noun} · ${ttft} s to first token`;
+}
+
+/** Milliseconds as seconds, as `spark run` writes them: `1.8`, `0.26`, `0.095`. */
+function seconds(ms) {
+  const s = ms / 1000;
+  // From 0.995 s, two significant digits round to 1.0.
+  if (!(s > 0 && s < 0.995)) return s.toFixed(1);
+  const decimals = Math.min(4, Math.max(1, 1 - Math.floor(Math.log10(s))));
+  return s.toFixed(decimals);
 }
 
 export function isNumber(x) {
