@@ -24,8 +24,11 @@ const END_TOKENS = JSON.parse(env('END_TOKENS'));
 const require = createRequire(path.join(env('NODE_MODULES_DIR'), 'noop.js'));
 const { chromium } = require('playwright-core');
 
-/** `33.5 tok/s · 60 tokens · 1.8 s to first token` (`—` when a figure is unknown). */
-const STATS = /^(\d+\.\d|—) tok\/s · (\d+) tokens? · (\d+\.\d|—) s to first token$/;
+/**
+ * `33.5 tok/s · 60 tokens · 1.8 s to first token` (`—` when a figure is unknown); a
+ * first token under a second has two significant digits (`0.26 s`, `0.030 s`).
+ */
+const STATS = /^(\d+\.\d|—) tok\/s · (\d+) tokens? · (\d+\.\d{1,4}|—) s to first token$/;
 /** How the daemon records a generation whose HTTP client went away or was cancelled. */
 const CANCELLED = ['Cancelled', 'Disconnected'];
 
