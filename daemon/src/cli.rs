@@ -354,17 +354,20 @@ mod tests {
         assert!(toml::from_str::<ServeArgs>("modle = \"x\"\n").is_err());
     }
 
+    /// `sparkd serve <args>`'s options, or clap's kind of error.
+    fn parse_serve(args: &[&str]) -> Result<ServeArgs, clap::error::ErrorKind> {
+        let mut argv = vec!["sparkd", "serve"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Some(Cmd::Serve(a))) => Ok(*a),
+            Ok(_) => panic!("not serve"),
+            Err(e) => Err(e.kind()),
+        }
+    }
+
     #[test]
     fn cuda_graphs_takes_on_and_off_and_the_flag_wins_over_the_file() {
-        let parse = |args: &[&str]| {
-            let mut argv = vec!["sparkd", "serve"];
-            argv.extend_from_slice(args);
-            match Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(Some(Cmd::Serve(a))) => Ok(a.cuda_graphs),
-                Ok(_) => panic!("not serve"),
-                Err(e) => Err(e.kind()),
-            }
-        };
+        let parse = |args: &[&str]| parse_serve(args).map(|a| a.cuda_graphs);
         assert_eq!(parse(&[]), Ok(None));
         assert_eq!(parse(&["--cuda-graphs", "off"]), Ok(Some(false)));
         assert_eq!(parse(&["--cuda-graphs", "on"]), Ok(Some(true)));
@@ -395,15 +398,7 @@ mod tests {
 
     #[test]
     fn cuda_pdl_takes_on_and_off_from_the_flag_or_the_file() {
-        let parse = |args: &[&str]| {
-            let mut argv = vec!["sparkd", "serve"];
-            argv.extend_from_slice(args);
-            match Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(Some(Cmd::Serve(a))) => Ok(a.cuda_pdl),
-                Ok(_) => panic!("not serve"),
-                Err(e) => Err(e.kind()),
-            }
-        };
+        let parse = |args: &[&str]| parse_serve(args).map(|a| a.cuda_pdl);
         assert_eq!(parse(&[]), Ok(None));
         assert_eq!(parse(&["--cuda-pdl", "off"]), Ok(Some(false)));
         assert_eq!(parse(&["--cuda-pdl", "on"]), Ok(Some(true)));
