@@ -169,20 +169,6 @@ static __device__ void mmv(int block, const u8* __restrict__ w, const u8* __rest
     }
 }
 
-// Before pdl_enter (common.cuh): the block's weight rows into L2, while the kernel
-// before it in the stream finishes. GLU: the same rows of both matrices.
-template <int T, bool GLU>
-static __device__ __forceinline__ void mmv_prefetch(int block, const u8* w, const u8* w_up,
-                                                    int rows, int cols) {
-    constexpr int OUT_ROWS = GLU ? SPARKD_MMV_ROWS / 2 : SPARKD_MMV_ROWS;
-    const int row0 = block * OUT_ROWS;
-    const int n = rows - row0 < OUT_ROWS ? rows - row0 : OUT_ROWS;
-    if (n <= 0) return;
-    const u64 rb = row_bytes<T>(cols);
-    prefetch_weights_l2(w + (u64)row0 * rb, (u64)n * rb);
-    if (GLU) prefetch_weights_l2(w_up + (u64)row0 * rb, (u64)n * rb);
-}
-
 // Up to three matrices of one format that read the same x (a layer's q, k and v) in
 // one launch: the first blocks cover matrix 0, the next matrix 1, then matrix 2
 // (rows2 = 0 for a pair). The choice is uniform over a block.
@@ -206,7 +192,7 @@ static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0,
             w = w2, y = y2, bias = b2, rows = rows2;
         }
     }
-    mmv_prefetch<T, false>(block, w, nullptr, rows, cols);
+    prefetch_rows_l2<T>(w, nullptr, block * ROWS, ROWS, rows, cols);
     pdl_enter();
     if (block * ROWS < rows) {
         mmv<T, NB, false>(block, w, nullptr, x, y, bias, rows, cols, nb, 0, norm_gain,
@@ -219,7 +205,8 @@ static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0,
         mmv_##name##_b##NB(const u8* w, const float* x, float* y, const float* bias,     \
                            int rows, int cols, int nb, int accumulate,                   \
                            const float* norm_gain, float norm_eps) {                     \
-        mmv_prefetch<T, false>(blockIdx.x, w, nullptr, rows, cols);                      \
+        prefetch_rows_l2<T>(w, nullptr, blockIdx.x * SPARKD_MMV_ROWS, SPARKD_MMV_ROWS,   \
+                            rows, cols);                                                  \
         pdl_enter();                                                                      \
         mmv<T, NB, false>(blockIdx.x, w, nullptr, x, y, bias, rows, cols, nb, accumulate, \
                           norm_gain, norm_eps);                                           \
@@ -229,7 +216,8 @@ static __device__ void mmv3(const u8* w0, const u8* w1, const u8* w2, float* y0,
         mmv_glu_##name##_b##NB(const u8* w_gate, const u8* w_up, const float* x,         \
                                float* y, int rows, int cols, int nb,                     \
                                const float* norm_gain, float norm_eps) {                 \
-        mmv_prefetch<T, true>(blockIdx.x, w_gate, w_up, rows, cols);                     \
+        prefetch_rows_l2<T>(w_gate, w_up, blockIdx.x * (SPARKD_MMV_ROWS / 2),           \
+                            SPARKD_MMV_ROWS / 2, rows, cols);                             \
         pdl_enter();                                                                      \
         mmv<T, NB, true>(blockIdx.x, w_gate, w_up, x, y, nullptr, rows, cols, nb, 0,     \
                          norm_gain, norm_eps);                                            \

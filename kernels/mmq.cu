@@ -72,15 +72,7 @@ static __device__ void mmq(const u8* __restrict__ w, const u8* __restrict__ w_up
     const u8* wa = w + (u64)(ra < rows ? ra : rows - 1) * rbytes;
     const u8* wb = (GLU ? w_up : w) + (u64)(rb < rows ? rb : rows - 1) * rbytes;
     const int groups = cols / 8;
-    {
-        // The block's weight rows into L2 while the kernel before it finishes, then
-        // the wait for what that kernel wrote (common.cuh, pdl_enter).
-        const int out_rows = rows - row0 < OUT_ROWS ? rows - row0 : OUT_ROWS;
-        if (out_rows > 0) {
-            prefetch_weights_l2(w + (u64)row0 * rbytes, (u64)out_rows * rbytes);
-            if (GLU) prefetch_weights_l2(w_up + (u64)row0 * rbytes, (u64)out_rows * rbytes);
-        }
-    }
+    prefetch_rows_l2<T>(w, GLU ? w_up : nullptr, row0, OUT_ROWS, rows, cols);
     pdl_enter();
 
     float acc[TILES][4];

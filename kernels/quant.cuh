@@ -73,6 +73,19 @@ static __device__ __forceinline__ u64 row_bytes(int cols) {
     return (u64)(cols / WTraits<T>::ELEMS) * WTraits<T>::BYTES;
 }
 
+// Before pdl_enter (common.cuh), in the decode products: rows row0 .. row0 + count of
+// `w` (and the same rows of `w2` when it is not null), clipped to `rows`, into L2 while
+// the kernel before finishes.
+template <int T>
+static __device__ __forceinline__ void prefetch_rows_l2(const u8* w, const u8* w2, int row0,
+                                                        int count, int rows, int cols) {
+    const int n = rows - row0 < count ? rows - row0 : count;
+    if (n <= 0) return;
+    const u64 rb = row_bytes<T>(cols);
+    prefetch_weights_l2(w + (u64)row0 * rb, (u64)n * rb);
+    if (w2 != nullptr) prefetch_weights_l2(w2 + (u64)row0 * rb, (u64)n * rb);
+}
+
 // Four bytes at a 2-byte aligned address (blocks of 18, 22, 34 or 210 bytes are only
 // 2-byte aligned, so a 32-bit load is not allowed).
 static __device__ __forceinline__ u32 ld4_a2(const u8* p) {

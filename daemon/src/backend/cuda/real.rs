@@ -183,15 +183,14 @@ impl CudaGpu {
                 gpu.functions.insert(entry.to_string(), f);
             }
         }
-        gpu.pdl_usable = match gpu.probe_programmatic_launch() {
-            Ok(()) => true,
-            Err(reason) => {
-                if arch.sm() >= PDL_MIN_SM {
+        gpu.pdl_usable = arch.sm() >= PDL_MIN_SM
+            && match gpu.probe_programmatic_launch() {
+                Ok(()) => true,
+                Err(reason) => {
                     tracing::warn!(%reason, "programmatic dependent launch refused; kernels launch one after another");
+                    false
                 }
-                false
-            }
-        };
+            };
         tracing::info!(
             device = %gpu.name,
             arch = %gpu.arch,
@@ -205,12 +204,6 @@ impl CudaGpu {
     /// Two kernels that touch no memory, launched programmatically dependent, then
     /// captured that way into a graph and replayed: what the forward will do.
     fn probe_programmatic_launch(&mut self) -> Result<(), GpuError> {
-        if self.arch.sm() < PDL_MIN_SM {
-            return Err(GpuError::Unsupported(format!(
-                "{} has no programmatic dependent launch",
-                self.arch
-            )));
-        }
         self.bind()?;
         // swiglu over zero elements: a grid-stride loop that reads nothing.
         let args = [KArg::Null, KArg::Null, KArg::Null, KArg::I64(0)];
