@@ -27,11 +27,22 @@ pub fn init_logging() {
     let result = match journald {
         Some(layer) => registry.with(layer).try_init(),
         None => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_ansi(stderr_wants_color()),
+            )
             .try_init(),
     };
     // A second init (tests) is harmless.
     let _ = result;
+}
+
+/// Colours only for a person at a terminal: a log file (`spark`'s auto-started daemon
+/// writes one) or a pipe gets plain text, and `NO_COLOR` turns them off anywhere.
+fn stderr_wants_color() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// The longest duration a flag takes: more would overflow clock arithmetic (an `Instant`

@@ -167,9 +167,63 @@ fn daemon_absent_and_bad_arguments_have_distinct_exit_codes() {
     );
     assert_eq!(out.status.code(), Some(2));
     let d = Daemon::start(&tiny_model(), &[]);
-    let out = spark(&d.socket, &["run", "--temperature=-1", "x"]);
+    for negative in [&["--temperature=-1"][..], &["--temperature", "-1"]] {
+        // A negative value is the daemon's to refuse, by name, not taken for a flag.
+        let out = spark(&d.socket, &[&["run"], negative, &["x"]].concat());
+        assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("temperature"));
+    }
+}
+
+#[test]
+fn generations_answer_only_for_the_loaded_model() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    let model = tiny_model();
+    // The model's file by a path relative to another folder than the daemon's.
+    let out = Command::new(bin("spark"))
+        .current_dir(model.parent().unwrap())
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--model")
+        .arg(model.file_name().unwrap())
+        .args(["run", "--max-tokens", "2", "--raw", "hi"])
+        .env("SPARKD_NO_AUTOSTART", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Another model is refused, never answered by the loaded one.
+    let out = spark(&d.socket, &["--model", "llama-70b", "run", "--raw", "hi"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("temperature"));
+    assert!(out.stdout.is_empty());
+    let msg = text(&out.stderr);
+    assert!(
+        msg.contains("unknown_model") && msg.contains("llama-70b"),
+        "{msg}"
+    );
+    assert!(msg.contains("hint:"), "says how to switch: {msg}");
+
+    // Chat gives up at once instead of refusing every turn.
+    let mut chat = Command::new(bin("spark"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["--model", "llama-70b", "chat"])
+        .env("SPARKD_NO_AUTOSTART", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(b"hi\nhello again\n")
+        .unwrap();
+    let out = chat.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr).matches("unknown_model").count(), 1);
 }
 
 #[test]

@@ -98,6 +98,14 @@ pub struct EngineHandle {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// Both paths lead to one file (neither missing).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
     ErrorEvent {
         id: Some(id),
@@ -374,10 +382,14 @@ impl EngineHandle {
         }))
     }
 
+    /// Whether a request's `model` names the loaded one: its name, its file's stem, or
+    /// its file by any path (`spark` sends a file's absolute path; the daemon may have
+    /// been given a relative one).
     fn answers_to(&self, name: &str) -> bool {
         name == self.config.model_name
             || Path::new(name) == self.model.path
             || self.model.path.file_stem().is_some_and(|s| s == name)
+            || (Path::new(name).is_absolute() && same_file(Path::new(name), &self.model.path))
     }
 
     pub fn model_info(&self) -> ModelInfo {

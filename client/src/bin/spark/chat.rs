@@ -80,9 +80,11 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         }
 
         turns.push(ChatMessage::new("user", text));
-        let request = args
-            .request
-            .request(client.next_request_id(), args.request.chat(&turns));
+        let request = args.request.request(
+            client.next_request_id(),
+            global.requested_model(),
+            args.request.chat(&turns),
+        );
         let answer = match client.generate(request).await {
             Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
             Err(err) => Err(err.into()),
@@ -97,6 +99,10 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             }
             Err(err) => match err.downcast_ref::<ClientError>() {
                 // Refused (busy, too long...): say so and let the user go on.
+                // Another model loaded: no later turn would fare better.
+                Some(client_err) if client_err.kind() == Some(ErrorKind::UnknownModel) => {
+                    return Err(err)
+                }
                 Some(client_err) if !client_err.is_unavailable() => {
                     turns.pop();
                     output::error_line(&format!("spark: {client_err}"));

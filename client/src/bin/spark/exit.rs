@@ -2,7 +2,7 @@
 
 use std::{io, process::ExitCode};
 
-use spark_client::ClientError;
+use spark_client::{protocol::ErrorKind, ClientError};
 
 pub const OK: u8 = 0;
 pub const FAILURE: u8 = 1;
@@ -33,15 +33,24 @@ pub fn report(err: anyhow::Error) -> ExitCode {
         return code(OK);
     }
     crate::output::error_line(&format!("spark: {err:#}"));
+    if client_error(&err).and_then(ClientError::kind) == Some(ErrorKind::UnknownModel) {
+        crate::output::error_line(
+            "hint: a daemon serves one model; to switch, stop it (`spark stop` stops one \
+             that spark started) and run again with --model",
+        );
+    }
     code(code_for(&err))
 }
 
-fn code_for(err: &anyhow::Error) -> u8 {
-    let client = err.downcast_ref::<ClientError>().or_else(|| {
+fn client_error(err: &anyhow::Error) -> Option<&ClientError> {
+    err.downcast_ref::<ClientError>().or_else(|| {
         err.downcast_ref::<crate::connect::Hinted>()
             .map(|hinted| &hinted.error)
-    });
-    if let Some(client) = client {
+    })
+}
+
+fn code_for(err: &anyhow::Error) -> u8 {
+    if let Some(client) = client_error(err) {
         return if client.is_unavailable() {
             UNAVAILABLE
         } else {

@@ -41,12 +41,29 @@ pub struct Global {
     /// The daemon's socket [default: $SPARKD_SOCKET, else $XDG_RUNTIME_DIR/sparkd/sparkd.sock]
     #[arg(long, global = true, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// The model an auto-started daemon loads (a name or a GGUF path)
+    /// The model to answer with (a name or a GGUF path); an auto-started daemon loads it
     #[arg(long, global = true, value_name = "MODEL")]
     pub model: Option<String>,
     /// Never start sparkd automatically (same as SPARKD_NO_AUTOSTART=1)
     #[arg(long, global = true)]
     pub no_start: bool,
+}
+
+impl Global {
+    /// The model a generation asks for, as the daemon knows it: `--model` as given, or
+    /// for a GGUF file its absolute path (the daemon's working folder is not ours). A
+    /// daemon serving another model refuses the request instead of answering with it.
+    pub fn requested_model(&self) -> Option<String> {
+        let model = self.model.as_deref()?;
+        let as_path = std::path::Path::new(model);
+        let canonical = as_path
+            .is_file()
+            .then(|| std::fs::canonicalize(as_path).ok());
+        Some(match canonical.flatten() {
+            Some(path) => path.to_string_lossy().into_owned(),
+            None => model.to_owned(),
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -11,19 +11,19 @@ pub struct RequestArgs {
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<u32>,
     /// Sampling temperature; 0 is greedy [default: 0]
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Nucleus sampling: keep the most likely tokens up to this probability mass
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// Keep only the K most likely tokens; 0 disables
     #[arg(long, value_name = "K")]
     pub top_k: Option<u32>,
     /// Drop tokens less likely than this fraction of the most likely one
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub min_p: Option<f32>,
     /// Penalise recently generated tokens; 1 disables
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub repeat_penalty: Option<f32>,
     /// Seed for reproducible sampling
     #[arg(long, value_name = "N")]
@@ -58,10 +58,12 @@ impl RequestArgs {
         }
     }
 
-    pub fn request(&self, id: u64, input: PromptInput) -> GenerateRequest {
+    /// A generation of `input`; `model` is the one asked for (`None`: whichever the
+    /// daemon serves).
+    pub fn request(&self, id: u64, model: Option<String>, input: PromptInput) -> GenerateRequest {
         GenerateRequest {
             id,
-            model: None,
+            model,
             input,
             sampling: self.sampling(),
             max_tokens: self.max_tokens,
@@ -115,12 +117,14 @@ mod tests {
         ]);
         let request = args.request(
             3,
+            Some("smollm2-135m-instruct".into()),
             PromptInput::Raw {
                 text: "x".into(),
                 special: true,
             },
         );
         assert_eq!(request.id, 3);
+        assert_eq!(request.model.as_deref(), Some("smollm2-135m-instruct"));
         assert_eq!(request.max_tokens, Some(32));
         assert_eq!(request.stop, ["\n\n", "END"]);
         let s = request.sampling;

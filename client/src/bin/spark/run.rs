@@ -50,7 +50,10 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         args.request.chat(&[ChatMessage::new("user", prompt)])
     };
     let generation = client
-        .generate(args.request.request(client.next_request_id(), input))
+        .generate(
+            args.request
+                .request(client.next_request_id(), global.requested_model(), input),
+        )
         .await?;
     let mode = if args.json { Mode::Json } else { Mode::Text };
     let outcome = stream::stream(generation, mode, &mut interrupts).await?;
