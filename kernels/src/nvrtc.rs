@@ -210,7 +210,8 @@ pub fn compile(
 fn c_chars_to_string(raw: &[c_char]) -> String {
     let bytes: Vec<u8> = raw
         .iter()
-        .map(|&c| c as u8)
+        // `c_char` is `i8` on x86-64 and `u8` on AArch64: the same bits either way.
+        .map(|&c| c.to_ne_bytes()[0])
         .take_while(|&b| b != 0)
         .collect();
     String::from_utf8_lossy(&bytes).trim_end().to_string()

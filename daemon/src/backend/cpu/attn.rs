@@ -9,8 +9,6 @@
 //! the bits of the per-position loop they replace (same dot product, same update order),
 //! so this changes the speed of the forward pass, not its results.
 
-use super::dot;
-
 /// One instruction set's attention loops.
 #[derive(Clone, Copy)]
 pub struct AttnKernels {
@@ -48,7 +46,7 @@ const PORTABLE: AttnKernels = AttnKernels {
 /// The attention loops matching the matmul kernel table (`SPARKD_KERNELS` included).
 pub fn attn_kernels() -> &'static AttnKernels {
     #[cfg(target_arch = "x86_64")]
-    if dot::best().name == "avx512-vnni" {
+    if super::dot::best().name == "avx512-vnni" {
         return &avx512::KERNELS;
     }
     &PORTABLE
@@ -157,6 +155,7 @@ mod tests {
     #[test]
     fn kernels_match_the_portable_loops() {
         let mut rng = Rng::new(30);
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut tables = vec![PORTABLE];
         #[cfg(target_arch = "x86_64")]
         if crate::backend::cpu::dot::available()

@@ -44,7 +44,7 @@ pub enum KernelError {
     },
 }
 
-/// The active SIMD path: "avx512-vnni", "avx2", "neon" or "scalar".
+/// The active SIMD path: "avx512-vnni", "avx2", "neon-dotprod", "neon" or "scalar".
 pub fn kernel_name() -> &'static str {
     dot::best().name
 }

@@ -97,7 +97,8 @@ fn device_name(dev: sys::CUdevice) -> Result<String, DriverProblem> {
         .map_err(call_error("cuDeviceGetName"))?;
     let bytes: Vec<u8> = buf
         .iter()
-        .map(|&c| c as u8)
+        // `c_char` is `i8` on x86-64 and `u8` on AArch64: the same bits either way.
+        .map(|&c| c.to_ne_bytes()[0])
         .take_while(|&b| b != 0)
         .collect();
     Ok(String::from_utf8_lossy(&bytes).into_owned())

@@ -297,7 +297,10 @@ pub(crate) fn available() -> Vec<Kernels> {
         v.extend(avx512::kernels());
     }
     #[cfg(target_arch = "aarch64")]
-    v.extend(neon::kernels());
+    {
+        v.extend(neon::kernels());
+        v.extend(neon::kernels_dotprod());
+    }
     v
 }
 

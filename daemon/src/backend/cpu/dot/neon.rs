@@ -1,10 +1,11 @@
-//! NEON kernels (baseline AArch64, no dot-product extension): every weight type and the
-//! activation quantizers (K-quants in `k.rs`).
+//! NEON kernels: every weight type and the activation quantizers (K-quants in `k.rs`),
+//! in two tables: `neon` for baseline AArch64 and `neon-dotprod` for cores with the
+//! dot-product extension (`sdot`: Grace's Neoverse V2 and every Armv8.4+ core).
 //!
-//! Legacy blocks are decoded to signed 8-bit levels (`x = d * q + m`), multiplied with
-//! the activations by `smull`/`smlal` into 16-bit pairs and widened into four 32-bit
-//! lanes, so each block's integer dot product is exact; the per-block scaling is a
-//! vector FMA over those lanes.
+//! Legacy blocks are decoded to signed 8-bit levels (`x = d * q + m`) and multiplied with
+//! the activations into four exact 32-bit lanes (`IntDot`: `smull`/`smlal` and pairwise
+//! widening, or `sdot`, which does the same 16 products in one instruction); the
+//! per-block scaling is a vector FMA over those lanes.
 
 use std::arch::aarch64::*;
 
@@ -36,6 +37,71 @@ pub(super) fn kernels() -> Option<Kernels> {
     })
 }
 
+/// The `neon` table with its integer dot products on `sdot`.
+pub(super) fn kernels_dotprod() -> Option<Kernels> {
+    if !std::arch::is_aarch64_feature_detected!("dotprod") {
+        return None;
+    }
+    Some(Kernels {
+        name: "neon-dotprod",
+        q4_0: legacy_sdot::<Q4_0>,
+        q4_1: legacy_sdot::<Q4_1>,
+        q5_0: legacy_sdot::<Q5_0>,
+        q5_1: legacy_sdot::<Q5_1>,
+        q8_0: legacy_sdot::<Q8_0>,
+        q4_k: k::q4_k_sdot,
+        q5_k: k::q5_k_sdot,
+        q6_k: k::q6_k_sdot,
+        ..kernels()?
+    })
+}
+
+/// How 16 signed 8-bit products are summed, exactly, into four 32-bit lanes. Which
+/// products land in which lane differs between the two; every kernel sums the lanes.
+pub(super) trait IntDot {
+    /// `acc` plus the products of `w` and `x`, where two products fit an `i16`
+    /// (`|w * x| <= 128 * 127`).
+    fn dot_acc(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t;
+}
+
+/// Baseline NEON: `smull`/`smlal` into 16-bit pairs, widened pairwise.
+pub(super) struct Widening;
+
+impl IntDot for Widening {
+    #[inline(always)]
+    fn dot_acc(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe {
+            let p = vmlal_high_s8(vmull_s8(vget_low_s8(w), vget_low_s8(x)), w, x);
+            vpadalq_s16(acc, p)
+        }
+    }
+}
+
+/// The dot-product extension: lane `i` gains the four products of bytes `4i..4i + 4`.
+pub(super) struct Sdot;
+
+impl IntDot for Sdot {
+    #[inline(always)]
+    fn dot_acc(mut acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+        // SAFETY: a register-only instruction, reached only through the tables that
+        // `kernels_dotprod` builds where the CPU has it. `sdot` has no stable intrinsic
+        // yet; the directive lets the assembler take it inside functions that the
+        // compiler builds for baseline AArch64 (the generic bodies below).
+        unsafe {
+            std::arch::asm!(
+                ".arch_extension dotprod",
+                "sdot {acc:v}.4s, {w:v}.16b, {x:v}.16b",
+                acc = inout(vreg) acc,
+                w = in(vreg) w,
+                x = in(vreg) x,
+                options(pure, nomem, nostack),
+            );
+        }
+        acc
+    }
+}
+
 // Legacy type tags for the const-generic kernels.
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
@@ -59,9 +125,29 @@ const fn has_m(t: u8) -> bool {
     t == Q4_1 || t == Q5_1
 }
 
+/// Eight f16 values as f32 (exactly), in two halves of four.
+#[target_feature(enable = "neon")]
 #[inline]
-fn f16_at(b: &[u8], off: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
+fn halves_to_f32(bits: [u16; 8]) -> ([f32; 4], [f32; 4]) {
+    let (mut lo, mut hi) = ([0f32; 4], [0f32; 4]);
+    // SAFETY: 8 halves read and 4 + 4 floats written, all local arrays.
+    unsafe {
+        let h = vld1q_u16(bits.as_ptr());
+        let (l, u): (float32x4_t, float32x4_t);
+        // `fcvtl` (half to single, baseline AdvSIMD) has no stable intrinsic: the f16
+        // vector type is still unstable.
+        std::arch::asm!(
+            "fcvtl {l:v}.4s, {h:v}.4h",
+            "fcvtl2 {u:v}.4s, {h:v}.8h",
+            l = out(vreg) l,
+            u = out(vreg) u,
+            h = in(vreg) h,
+            options(pure, nomem, nostack),
+        );
+        vst1q_f32(lo.as_mut_ptr(), l);
+        vst1q_f32(hi.as_mut_ptr(), u);
+    }
+    (lo, hi)
 }
 
 /// Raw pointers to one tile's operands (see `avx512::LegacyArgs`).
@@ -76,10 +162,41 @@ struct LegacyArgs<'a> {
 }
 
 fn legacy<const T: u8>(w: &WTile, a: &Q8Acts, j0: usize, nr: usize, out: &mut Out) {
+    let args = legacy_args::<T>(w, a, j0, nr);
+    macro_rules! go {
+        ($m:literal, $n:literal) => {
+            // SAFETY: NEON is detected before the table is built (and is part of the
+            // AArch64 baseline); `legacy_args` asserted the bounds of the activation
+            // rows the kernel reads through `qs`.
+            unsafe { legacy_tile::<T, $m, $n>(&args, out) }
+        };
+    }
+    tile_shapes!(w.rows, nr, go)
+}
+
+fn legacy_sdot<const T: u8>(w: &WTile, a: &Q8Acts, j0: usize, nr: usize, out: &mut Out) {
+    let args = legacy_args::<T>(w, a, j0, nr);
+    macro_rules! go {
+        ($m:literal, $n:literal) => {
+            // SAFETY: `dotprod` is detected before the table is built; `legacy_args`
+            // asserted the bounds of the activation rows the kernel reads through `qs`.
+            unsafe { legacy_tile_sdot::<T, $m, $n>(&args, out) }
+        };
+    }
+    tile_shapes!(w.rows, nr, go)
+}
+
+/// The tile's operands, after asserting the layout the kernels read through `qs`.
+fn legacy_args<'a, const T: u8>(
+    w: &WTile<'a>,
+    a: &Q8Acts<'a>,
+    j0: usize,
+    nr: usize,
+) -> LegacyArgs<'a> {
     w.check(QK, bb(T));
     a.check(w, j0, nr);
     let nb = w.cols / QK;
-    let args = LegacyArgs {
+    LegacyArgs {
         w: w.data,
         row_bytes: w.row_bytes,
         nb,
@@ -87,16 +204,7 @@ fn legacy<const T: u8>(w: &WTile, a: &Q8Acts, j0: usize, nr: usize, out: &mut Ou
         d: &a.d[j0 * nb..],
         s: &a.s[j0 * nb..],
         cols: a.cols,
-    };
-    macro_rules! go {
-        ($m:literal, $n:literal) => {
-            // SAFETY: NEON is detected before the table is built (and is part of the
-            // AArch64 baseline); `check` asserted the bounds of the activation rows the
-            // kernel reads through `qs`.
-            unsafe { legacy_tile::<T, $m, $n>(&args, out) }
-        };
     }
-    tile_shapes!(w.rows, nr, go)
 }
 
 /// 0xFF in byte `i` where bit `i` of the 16-bit `bits` is set.
@@ -152,11 +260,9 @@ fn levels<const T: u8>(blk: &[u8]) -> (int8x16_t, int8x16_t) {
 /// Exact dot product of 32 levels with 32 activations, in four 32-bit lanes.
 #[target_feature(enable = "neon")]
 #[inline]
-fn dot32(w: (int8x16_t, int8x16_t), x: (int8x16_t, int8x16_t)) -> int32x4_t {
-    // |level * x| <= 128 * 127, so two products fit an i16 lane.
-    let p0 = vmlal_high_s8(vmull_s8(vget_low_s8(w.0), vget_low_s8(x.0)), w.0, x.0);
-    let p1 = vmlal_high_s8(vmull_s8(vget_low_s8(w.1), vget_low_s8(x.1)), w.1, x.1);
-    vpadalq_s16(vpaddlq_s16(p0), p1)
+fn dot32<D: IntDot>(w: (int8x16_t, int8x16_t), x: (int8x16_t, int8x16_t)) -> int32x4_t {
+    // |level * x| <= 128 * 127, as `IntDot` needs.
+    D::dot_acc(D::dot_acc(vdupq_n_s32(0), w.0, x.0), w.1, x.1)
 }
 
 /// # Safety
@@ -164,21 +270,48 @@ fn dot32(w: (int8x16_t, int8x16_t), x: (int8x16_t, int8x16_t)) -> int32x4_t {
 /// `a.cols` bytes (`a.d` and `a.s` are bounds-checked slices).
 #[target_feature(enable = "neon")]
 unsafe fn legacy_tile<const T: u8, const M: usize, const N: usize>(a: &LegacyArgs, out: &mut Out) {
+    // SAFETY: the caller's contract.
+    unsafe { legacy_tile_with::<Widening, T, M, N>(a, out) }
+}
+
+/// # Safety
+/// As `legacy_tile`, and the CPU must have the dot-product extension.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn legacy_tile_sdot<const T: u8, const M: usize, const N: usize>(
+    a: &LegacyArgs,
+    out: &mut Out,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { legacy_tile_with::<Sdot, T, M, N>(a, out) }
+}
+
+/// The body of both legacy tile kernels.
+///
+/// # Safety
+/// As `legacy_tile`, and what `D` needs.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn legacy_tile_with<D: IntDot, const T: u8, const M: usize, const N: usize>(
+    a: &LegacyArgs,
+    out: &mut Out,
+) {
     let b = bb(T);
     let mut acc = [[vdupq_n_f32(0.0); N]; M];
     let mut macc = [[0.0f32; N]; M];
     for blk in 0..a.nb {
         let mut w = [(vdupq_n_s8(0), vdupq_n_s8(0)); M];
-        let mut dw = [0.0f32; M];
-        let mut mw = [0.0f32; M];
+        // The rows' scales in lanes 0..M and offsets in lanes 4..4 + M, converted
+        // together (a call per scale costs more than the block's integer products).
+        let mut scale_bits = [0u16; 8];
         for r in 0..M {
             let bytes = &a.w[r * a.row_bytes + blk * b..r * a.row_bytes + (blk + 1) * b];
             w[r] = levels::<T>(bytes);
-            dw[r] = f16_at(bytes, 0);
+            scale_bits[r] = u16::from_le_bytes([bytes[0], bytes[1]]);
             if has_m(T) {
-                mw[r] = f16_at(bytes, 2);
+                scale_bits[4 + r] = u16::from_le_bytes([bytes[2], bytes[3]]);
             }
         }
+        let (dw, mw) = halves_to_f32(scale_bits);
         for j in 0..N {
             // SAFETY: block `blk` of activation row j is within the `N` rows the caller
             // guarantees.
@@ -188,7 +321,7 @@ unsafe fn legacy_tile<const T: u8, const M: usize, const N: usize>(a: &LegacyArg
             };
             let (dx, sx) = (a.d[j * a.nb + blk], a.s[j * a.nb + blk]);
             for r in 0..M {
-                let isum = vcvtq_f32_s32(dot32(w[r], x));
+                let isum = vcvtq_f32_s32(dot32::<D>(w[r], x));
                 acc[r][j] = vfmaq_n_f32(acc[r][j], isum, dw[r] * dx);
                 if has_m(T) {
                     macc[r][j] += mw[r] * sx;

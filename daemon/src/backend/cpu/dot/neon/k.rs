@@ -1,12 +1,14 @@
-//! NEON kernels for the K-quant super-blocks (Q4_K, Q5_K, Q6_K) against Q8K activations.
+//! NEON kernels for the K-quant super-blocks (Q4_K, Q5_K, Q6_K) against Q8K activations,
+//! with the integer products on baseline NEON or on `sdot` (`IntDot`).
 //!
 //! One weight row at a time, each 32-byte chunk unpacked once for every activation row
 //! of the tile. The integer sums are exact and the per-super-block float arithmetic is
-//! the scalar twin's, so the results equal the scalar kernels'.
+//! the scalar twin's, so the results equal the scalar kernels' (with either `IntDot`).
 
 use std::arch::aarch64::*;
 
 use super::super::{scalar, Out, Q8KActs, WTile, NR};
+use super::{IntDot, Sdot, Widening};
 use crate::quant::{K_SCALE_SIZE, QK_K};
 
 const Q4K: u8 = 0;
@@ -22,19 +24,60 @@ const fn bb(t: u8) -> usize {
 }
 
 pub(super) fn q4_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    tile::<Q4K>(w, a, j0, nr, out)
+    w.check(QK_K, bb(Q4K));
+    // SAFETY: NEON is part of the AArch64 baseline and detected before the table is
+    // built.
+    unsafe { tile::<Q4K>(w, a, j0, nr, out) }
 }
 
 pub(super) fn q5_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    tile::<Q5K>(w, a, j0, nr, out)
+    w.check(QK_K, bb(Q5K));
+    // SAFETY: as `q4_k`.
+    unsafe { tile::<Q5K>(w, a, j0, nr, out) }
 }
 
 pub(super) fn q6_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    tile::<Q6K>(w, a, j0, nr, out)
+    w.check(QK_K, bb(Q6K));
+    // SAFETY: as `q4_k`.
+    unsafe { tile::<Q6K>(w, a, j0, nr, out) }
 }
 
-fn tile<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(T));
+pub(super) fn q4_k_sdot(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    w.check(QK_K, bb(Q4K));
+    // SAFETY: `dotprod` is detected before the table is built.
+    unsafe { tile_sdot::<Q4K>(w, a, j0, nr, out) }
+}
+
+pub(super) fn q5_k_sdot(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    w.check(QK_K, bb(Q5K));
+    // SAFETY: as `q4_k_sdot`.
+    unsafe { tile_sdot::<Q5K>(w, a, j0, nr, out) }
+}
+
+pub(super) fn q6_k_sdot(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    w.check(QK_K, bb(Q6K));
+    // SAFETY: as `q4_k_sdot`.
+    unsafe { tile_sdot::<Q6K>(w, a, j0, nr, out) }
+}
+
+/// # Safety
+/// NEON must be available.
+#[target_feature(enable = "neon")]
+unsafe fn tile<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile_with::<Widening, T>(w, a, j0, nr, out)
+}
+
+/// # Safety
+/// The CPU must have the dot-product extension.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn tile_sdot<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile_with::<Sdot, T>(w, a, j0, nr, out)
+}
+
+/// The body of both tile kernels. Slices only: every read is bounds-checked.
+#[target_feature(enable = "neon")]
+#[inline]
+fn tile_with<D: IntDot, const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
     a.check(w, j0, nr);
     for (r, out_r) in out.iter_mut().enumerate().take(w.rows) {
         let row = w.row(r);
@@ -43,9 +86,7 @@ fn tile<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out
             let mut acc = 0.0f32;
             for (i, blk) in row.chunks_exact(bb(T)).enumerate() {
                 let x = &qs[i * QK_K..(i + 1) * QK_K];
-                // SAFETY: NEON is part of the AArch64 baseline and detected before the
-                // table is built.
-                acc += unsafe { block_dot::<T>(blk, x, d[i], &bsums[i * 16..(i + 1) * 16]) };
+                acc += block_dot::<D, T>(blk, x, d[i], &bsums[i * 16..(i + 1) * 16]);
             }
             *o = acc;
         }
@@ -61,12 +102,8 @@ fn f16_at(b: &[u8], off: usize) -> f32 {
 /// Exact dot product of 16 levels (|level| <= 64) with 16 activations, in 4 lanes.
 #[target_feature(enable = "neon")]
 #[inline]
-fn dot16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
-    vpaddlq_s16(vmlal_high_s8(
-        vmull_s8(vget_low_s8(w), vget_low_s8(x)),
-        w,
-        x,
-    ))
+fn dot16<D: IntDot>(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    D::dot_acc(vdupq_n_s32(0), w, x)
 }
 
 /// 16 bytes at `off` of `b`.
@@ -88,9 +125,10 @@ fn load16_s(x: &[i8], off: usize) -> int8x16_t {
 
 /// One super-block's contribution, with the scalar twin's float operations.
 #[target_feature(enable = "neon")]
-fn block_dot<const T: u8>(blk: &[u8], x: &[i8], dx: f32, bsums: &[i16]) -> f32 {
+#[inline]
+fn block_dot<D: IntDot, const T: u8>(blk: &[u8], x: &[i8], dx: f32, bsums: &[i16]) -> f32 {
     if T == Q6K {
-        let isum = q6k_isum(blk, x);
+        let isum = q6k_isum::<D>(blk, x);
         return dx * f16_at(blk, QK_K / 2 + QK_K / 4 + QK_K / 16) * isum as f32;
     }
     let (sc, mn) = scalar::k4_scales(&blk[4..4 + K_SCALE_SIZE]);
@@ -118,8 +156,8 @@ fn block_dot<const T: u8>(blk: &[u8], x: &[i8], dx: f32, bsums: &[i16]) -> f32 {
             }
             let xl = load16_s(x, 64 * c + 16 * half);
             let xh = load16_s(x, 64 * c + 32 + 16 * half);
-            sumi = vmlaq_n_s32(sumi, dot16(vreinterpretq_s8_u8(lo), xl), sc[2 * c]);
-            sumi = vmlaq_n_s32(sumi, dot16(vreinterpretq_s8_u8(hi), xh), sc[2 * c + 1]);
+            sumi = vmlaq_n_s32(sumi, dot16::<D>(vreinterpretq_s8_u8(lo), xl), sc[2 * c]);
+            sumi = vmlaq_n_s32(sumi, dot16::<D>(vreinterpretq_s8_u8(hi), xh), sc[2 * c + 1]);
         }
     }
     let isum = vaddvq_s32(sumi);
@@ -131,7 +169,8 @@ fn block_dot<const T: u8>(blk: &[u8], x: &[i8], dx: f32, bsums: &[i16]) -> f32 {
 
 /// `sum_s scale_s * dot(level - 32, x)` of one Q6_K super-block.
 #[target_feature(enable = "neon")]
-fn q6k_isum(blk: &[u8], x: &[i8]) -> i32 {
+#[inline]
+fn q6k_isum<D: IntDot>(blk: &[u8], x: &[i8]) -> i32 {
     let sc = &blk[QK_K / 2 + QK_K / 4..QK_K / 2 + QK_K / 4 + QK_K / 16];
     let (m15, m3, off) = (vdupq_n_u8(0x0F), vdupq_n_u8(3), vdupq_n_s8(32));
     let mut sumi = vdupq_n_s32(0);
@@ -157,7 +196,7 @@ fn q6k_isum(blk: &[u8], x: &[i8]) -> i32 {
                 let e = 128 * h + 32 * k + 16 * part;
                 let q = vsubq_s8(vreinterpretq_s8_u8(lv), off);
                 let scale = sc[e / 16] as i8 as i32;
-                sumi = vmlaq_n_s32(sumi, dot16(q, load16_s(x, e)), scale);
+                sumi = vmlaq_n_s32(sumi, dot16::<D>(q, load16_s(x, e)), scale);
             }
         }
     }
