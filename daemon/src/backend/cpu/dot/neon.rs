@@ -30,9 +30,9 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
-        q4_k: k::q4_k,
-        q5_k: k::q5_k,
-        q6_k: k::q6_k,
+        q4_k: k::kquant::<{ k::Q4K }>,
+        q5_k: k::kquant::<{ k::Q5K }>,
+        q6_k: k::kquant::<{ k::Q6K }>,
         ..scalar::KERNELS
     })
 }
@@ -49,9 +49,9 @@ pub(super) fn kernels_dotprod() -> Option<Kernels> {
         q5_0: legacy_sdot::<Q5_0>,
         q5_1: legacy_sdot::<Q5_1>,
         q8_0: legacy_sdot::<Q8_0>,
-        q4_k: k::q4_k_sdot,
-        q5_k: k::q5_k_sdot,
-        q6_k: k::q6_k_sdot,
+        q4_k: k::kquant_sdot::<{ k::Q4K }>,
+        q5_k: k::kquant_sdot::<{ k::Q5K }>,
+        q6_k: k::kquant_sdot::<{ k::Q6K }>,
         ..kernels()?
     })
 }

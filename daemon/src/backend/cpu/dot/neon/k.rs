@@ -11,9 +11,9 @@ use super::super::{scalar, Out, Q8KActs, WTile, NR};
 use super::{IntDot, Sdot, Widening};
 use crate::quant::{K_SCALE_SIZE, QK_K};
 
-const Q4K: u8 = 0;
-const Q5K: u8 = 1;
-const Q6K: u8 = 2;
+pub(super) const Q4K: u8 = 0;
+pub(super) const Q5K: u8 = 1;
+pub(super) const Q6K: u8 = 2;
 
 const fn bb(t: u8) -> usize {
     match t {
@@ -23,41 +23,25 @@ const fn bb(t: u8) -> usize {
     }
 }
 
-pub(super) fn q4_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(Q4K));
+/// The kernel for K-quant type `T` (`Q4K`, `Q5K` or `Q6K`) on baseline NEON.
+pub(super) fn kquant<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    w.check(QK_K, bb(T));
     // SAFETY: NEON is part of the AArch64 baseline and detected before the table is
     // built.
-    unsafe { tile::<Q4K>(w, a, j0, nr, out) }
+    unsafe { tile::<T>(w, a, j0, nr, out) }
 }
 
-pub(super) fn q5_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(Q5K));
-    // SAFETY: as `q4_k`.
-    unsafe { tile::<Q5K>(w, a, j0, nr, out) }
-}
-
-pub(super) fn q6_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(Q6K));
-    // SAFETY: as `q4_k`.
-    unsafe { tile::<Q6K>(w, a, j0, nr, out) }
-}
-
-pub(super) fn q4_k_sdot(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(Q4K));
+/// `kquant` with the integer products on `sdot`.
+pub(super) fn kquant_sdot<const T: u8>(
+    w: &WTile,
+    a: &Q8KActs,
+    j0: usize,
+    nr: usize,
+    out: &mut Out,
+) {
+    w.check(QK_K, bb(T));
     // SAFETY: `dotprod` is detected before the table is built.
-    unsafe { tile_sdot::<Q4K>(w, a, j0, nr, out) }
-}
-
-pub(super) fn q5_k_sdot(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(Q5K));
-    // SAFETY: as `q4_k_sdot`.
-    unsafe { tile_sdot::<Q5K>(w, a, j0, nr, out) }
-}
-
-pub(super) fn q6_k_sdot(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(Q6K));
-    // SAFETY: as `q4_k_sdot`.
-    unsafe { tile_sdot::<Q6K>(w, a, j0, nr, out) }
+    unsafe { tile_sdot::<T>(w, a, j0, nr, out) }
 }
 
 /// # Safety
