@@ -51,6 +51,11 @@ fn run_streams_text_and_prints_one_stats_line() {
     let (tps, tokens, ttft) = parse_stats(lines[0]);
     assert_eq!(tokens, 12);
     assert!(tps.unwrap() > 0.0 && ttft >= 0.0);
+
+    // A prompt with spaces in place of a command is `run`.
+    let out = spark(&d.socket, &["hello there", "--max-tokens", "3", "--raw"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(parse_stats(text(&out.stderr).trim()).1, 3);
 }
 
 #[test]

@@ -18,7 +18,7 @@ mod stop;
 mod stream;
 mod tokenize;
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{ffi::OsString, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
@@ -26,7 +26,9 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "spark",
     version,
-    about = "Run prompts on the resident sparkd daemon"
+    about = "Run prompts on the resident sparkd daemon",
+    after_help = "A prompt with spaces in place of a command runs it: spark \"Why is the sky blue?\" \
+                  is spark run \"Why is the sky blue?\"."
 )]
 struct Cli {
     #[command(flatten)]
@@ -89,7 +91,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli(std::env::args_os().collect()).unwrap_or_else(|err| err.exit());
     // The HTTP shim serves many clients at once; everything else is one conversation.
     let runtime = match &cli.command {
         Command::ServeOpenai(_) => tokio::runtime::Builder::new_multi_thread()
@@ -120,5 +122,101 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => exit::report(err),
+    }
+}
+
+/// Parses the command line; `spark "some prompt"` is taken as `spark run "some prompt"`.
+/// Only a first argument with whitespace in it is read as a prompt: a single unknown
+/// word is more likely a mistyped command, which gets clap's suggestion.
+fn parse_cli(args: Vec<OsString>) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(&args).or_else(|err| {
+        if err.kind() != clap::error::ErrorKind::InvalidSubcommand {
+            return Err(err);
+        }
+        match prompt_as_run(&args).map(Cli::try_parse_from) {
+            Some(Ok(cli)) => Ok(cli),
+            _ => Err(err),
+        }
+    })
+}
+
+/// `args` with `run` in front of the first positional argument, when that argument has
+/// whitespace in it.
+fn prompt_as_run(args: &[OsString]) -> Option<Vec<OsString>> {
+    // Global options that take a value, as `--flag value` (the `--flag=value` form is
+    // one argument).
+    const TAKES_VALUE: [&str; 2] = ["--socket", "--model"];
+    let mut i = 1;
+    while let Some(arg) = args.get(i) {
+        let text = arg.to_str()?;
+        if TAKES_VALUE.contains(&text) {
+            i += 2;
+        } else if text.starts_with('-') {
+            i += 1;
+        } else if text.chars().any(char::is_whitespace) {
+            let mut with_run = args.to_vec();
+            with_run.insert(i, "run".into());
+            return Some(with_run);
+        } else {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::error::ErrorKind> {
+        let args = std::iter::once("spark").chain(args.iter().copied());
+        parse_cli(args.map(OsString::from).collect()).map_err(|err| err.kind())
+    }
+
+    fn prompt(cli: &Cli) -> Option<&str> {
+        match &cli.command {
+            Command::Run(args) => args.prompt.as_deref(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_bare_prompt_runs() {
+        let cli = parse(&["Name three colors."]).unwrap();
+        assert_eq!(prompt(&cli), Some("Name three colors."));
+        let cli = parse(&[
+            "--socket",
+            "/tmp/s.sock",
+            "--model=x",
+            "hi there",
+            "--max-tokens",
+            "5",
+        ])
+        .unwrap();
+        assert_eq!(prompt(&cli), Some("hi there"));
+        assert_eq!(
+            cli.global.socket.as_deref(),
+            Some(std::path::Path::new("/tmp/s.sock"))
+        );
+        assert_eq!(cli.global.model.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn commands_and_mistyped_commands_stay_commands() {
+        assert!(matches!(
+            parse(&["status"]).unwrap().command,
+            Command::Status(_)
+        ));
+        assert_eq!(prompt(&parse(&["run", "a b"]).unwrap()), Some("a b"));
+        // One word is a mistyped command, not a prompt.
+        assert_eq!(
+            parse(&["stauts"]).err(),
+            Some(clap::error::ErrorKind::InvalidSubcommand)
+        );
+        // A value of a global option is not the prompt.
+        assert_eq!(
+            parse(&["--model", "my model", "stauts"]).err(),
+            Some(clap::error::ErrorKind::InvalidSubcommand)
+        );
     }
 }
