@@ -4,10 +4,8 @@
 //! They are plain safe loops, compiled twice: as portable code (used on every CPU
 //! without AVX-512, and the twin the tests compare against) and inside
 //! `#[target_feature(enable = "avx512f")]` wrappers, where the same source becomes
-//! 512-bit code. Rust never fuses or reorders float operations on its own and `exp` is
-//! the same libm call in both, so both versions compute the same bits; and those are
-//! the bits of the per-position loop they replace (same dot product, same update order),
-//! so this changes the speed of the forward pass, not its results.
+//! 512-bit code. Rust never fuses or reorders float operations on its own and the
+//! exponential (`exp_neg`) is plain arithmetic, so both versions compute the same bits.
 
 /// One instruction set's attention loops.
 #[derive(Clone, Copy)]
@@ -78,25 +76,98 @@ fn scores(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
     }
 }
 
-/// For each position `i` in order: when its score is a new maximum, rescale what was
-/// accumulated; then add `p = exp(score - max)` to the denominator and `p * value` to
-/// `acc`.
+/// Folds a block of scores into the running softmax: when the block holds a new
+/// maximum, what was accumulated is rescaled once; then, in position order,
+/// `p = exp(score - max)` is added to the denominator and `p * value` to `acc`.
+///
+/// The exponentials are `exp_neg` over the whole block (a loop that vectorizes) rather
+/// than a libm call per position.
 #[inline(always)]
 fn online(scores: &[f32], values: &[f32], stride: usize, st: &mut Softmax, acc: &mut [f32]) {
     let hd = acc.len();
-    for (i, &score) in scores.iter().enumerate() {
-        if score > st.max {
-            let rescale = (st.max - score).exp();
-            st.denom *= rescale;
-            acc.iter_mut().for_each(|x| *x *= rescale);
-            st.max = score;
+    let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    if block_max > st.max {
+        // exp(-inf) is 0: the first block clears the (empty) accumulator.
+        let rescale = exp_neg(st.max - block_max);
+        st.denom *= rescale;
+        acc.iter_mut().for_each(|x| *x *= rescale);
+        st.max = block_max;
+    }
+    const CHUNK: usize = 16;
+    let mut p = [0.0f32; CHUNK];
+    for (c, chunk) in scores.chunks(CHUNK).enumerate() {
+        let p = &mut p[..chunk.len()];
+        for (p, &score) in p.iter_mut().zip(chunk) {
+            *p = exp_neg(score - st.max);
         }
-        let p = (score - st.max).exp();
-        st.denom += p;
-        let v = &values[i * stride..i * stride + hd];
-        for (a, &x) in acc.iter_mut().zip(v) {
-            *a += p * x;
+        for &p in p.iter() {
+            st.denom += p;
         }
+        let values = &values[c * CHUNK * stride..];
+        // A slice of `acc` at a time, held in registers over the chunk's positions
+        // (a whole-row update per position loads and stores `acc` each time). Each
+        // element still adds the positions in order.
+        let mut d0 = 0;
+        while d0 < hd {
+            let width = (hd - d0).min(LANES);
+            if let Ok(slice) = <&mut [f32; LANES]>::try_from(&mut acc[d0..d0 + width]) {
+                // Whole vectors in and out: filling a register from narrower stores
+                // would stall on store forwarding.
+                let mut a = *slice;
+                for (i, &p) in p.iter().enumerate() {
+                    let v = &values[i * stride + d0..i * stride + d0 + LANES];
+                    for l in 0..LANES {
+                        a[l] += p * v[l];
+                    }
+                }
+                *slice = a;
+            } else {
+                let slice = &mut acc[d0..d0 + width];
+                for (i, &p) in p.iter().enumerate() {
+                    let v = &values[i * stride + d0..i * stride + d0 + width];
+                    for (a, &x) in slice.iter_mut().zip(v) {
+                        *a += p * x;
+                    }
+                }
+            }
+            d0 += width;
+        }
+    }
+}
+
+/// Elements of `acc` updated together: four 512-bit registers (four independent
+/// chains of adds), or sixteen 128-bit ones.
+const LANES: usize = 64;
+
+/// `exp(x)` for `x <= 0` (what a softmax takes), within 2 ulp of the exact value; 0
+/// below -87.3 (where `exp` leaves the normal range), NaN for NaN. Plain arithmetic and
+/// bit casts only, so a loop over it vectorizes and every build computes the same bits
+/// (Rust neither fuses nor reorders float operations).
+#[inline(always)]
+pub(crate) fn exp_neg(x: f32) -> f32 {
+    // exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln 2 / 2 (Cephes' expf).
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // 1.5 * 2^23: adding it rounds to an integer (ties to even) in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const LOWEST: f32 = -87.33654;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let poly = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
+        * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e_r = poly * r * r + r + 1.0;
+    // 2^n from its exponent bits: n is in [-126, 0] here.
+    let n_bits = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let two_n = f32::from_bits((n_bits.wrapping_add(127) as u32) << 23);
+    if x < LOWEST {
+        0.0
+    } else {
+        e_r * two_n
     }
 }
 
@@ -150,8 +221,8 @@ mod tests {
     use super::*;
     use crate::backend::cpu::testutil::Rng;
 
-    /// Each table's loops against the per-position loop of the forward pass they
-    /// replace (same dot product, same update order), bit for bit.
+    /// Each table's loops against the portable ones and the update spelled out (same
+    /// dot product, same update order), bit for bit.
     #[test]
     fn kernels_match_the_portable_loops() {
         let mut rng = Rng::new(30);
@@ -176,19 +247,25 @@ mod tests {
                     let plain = crate::model::ops::dot(&q, k) * 0.125;
                     assert_eq!(w.to_bits(), plain.to_bits());
                 }
-                // The per-position loop this replaces, as the forward pass had it.
+                // The block update spelled out: one rescale to the block's maximum,
+                // then the positions in order.
                 let mut st = Softmax::default();
                 let mut acc = vec![0.0; hd];
-                for (i, &score) in want.iter().enumerate() {
-                    if score > st.max {
-                        let rescale = (st.max - score).exp();
+                for (lo, hi) in [(0, n / 2), (n / 2, n)] {
+                    let block = &want[lo..hi];
+                    let m = block.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                    if m > st.max {
+                        let rescale = exp_neg(st.max - m);
                         st.denom *= rescale;
                         acc.iter_mut().for_each(|x| *x *= rescale);
-                        st.max = score;
+                        st.max = m;
                     }
-                    let p = (score - st.max).exp();
-                    st.denom += p;
-                    crate::model::ops::axpy(p, &kv[i * stride..i * stride + hd], &mut acc);
+                    for (i, &score) in block.iter().enumerate() {
+                        let p = exp_neg(score - st.max);
+                        st.denom += p;
+                        let v = &kv[(lo + i) * stride..(lo + i) * stride + hd];
+                        crate::model::ops::axpy(p, v, &mut acc);
+                    }
                 }
                 for k in &tables {
                     let mut got = vec![0.0; n];
@@ -210,6 +287,57 @@ mod tests {
                     assert_eq!(bits(&gacc), bits(&acc), "{} values", k.name);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn exp_neg_is_within_two_ulp_of_exp() {
+        let mut worst = 0u32;
+        // Every 997th f32 from -87.3 up to -0.0, then the ends.
+        let mut bits = (-87.33f32).to_bits();
+        while bits > 0x8000_0000 {
+            let x = f32::from_bits(bits);
+            let want = (x as f64).exp() as f32;
+            let got = exp_neg(x);
+            let ulps = got.to_bits().abs_diff(want.to_bits());
+            assert!(ulps <= 2, "exp_neg({x}) = {got}, exp = {want}");
+            worst = worst.max(ulps);
+            bits -= 997;
+        }
+        assert_eq!(exp_neg(0.0), 1.0);
+        assert_eq!(exp_neg(-0.0), 1.0);
+        assert_eq!(exp_neg(-100.0), 0.0);
+        assert_eq!(exp_neg(f32::NEG_INFINITY), 0.0);
+        assert!(exp_neg(f32::NAN).is_nan());
+        eprintln!("exp_neg: worst {worst} ulp");
+    }
+
+    /// The running softmax over several blocks against a softmax-weighted sum in f64.
+    #[test]
+    fn online_softmax_matches_the_exact_weighted_sum() {
+        let mut rng = Rng::new(31);
+        let (hd, n) = (64, 50);
+        let scores: Vec<f32> = (0..n).map(|_| rng.f32() * 20.0).collect();
+        let values: Vec<f32> = (0..n * hd).map(|_| rng.f32()).collect();
+        let (mut st, mut acc) = (Softmax::default(), vec![0.0; hd]);
+        for (b, block) in scores.chunks(16).enumerate() {
+            online(block, &values[b * 16 * hd..], hd, &mut st, &mut acc);
+        }
+        let max = scores
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &s| m.max(s as f64));
+        let w: Vec<f64> = scores.iter().map(|&s| (s as f64 - max).exp()).collect();
+        let denom: f64 = w.iter().sum();
+        for d in 0..hd {
+            let exact: f64 = (0..n)
+                .map(|i| w[i] * values[i * hd + d] as f64)
+                .sum::<f64>()
+                / denom;
+            let got = (acc[d] / st.denom) as f64;
+            assert!(
+                (got - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
+                "[{d}] {got} vs {exact}"
+            );
         }
     }
 
