@@ -6,6 +6,8 @@
 //! `#[target_feature(enable = "avx512f")]` wrappers, where the same source becomes
 //! 512-bit code. Rust never fuses or reorders float operations on its own and the
 //! exponential (`exp_neg`) is plain arithmetic, so both versions compute the same bits.
+//! The AVX-512 scores are written with intrinsics (eight keys at a time), in the
+//! portable loop's order of operations, and tested bit for bit against it.
 
 /// One instruction set's attention loops.
 #[derive(Clone, Copy)]
