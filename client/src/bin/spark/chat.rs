@@ -98,11 +98,11 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                 turns.push(ChatMessage::new("assistant", outcome.text));
             }
             Err(err) => match err.downcast_ref::<ClientError>() {
-                // Refused (busy, too long...): say so and let the user go on.
                 // Another model loaded: no later turn would fare better.
                 Some(client_err) if client_err.kind() == Some(ErrorKind::UnknownModel) => {
                     return Err(err)
                 }
+                // Refused (busy, too long...): say so and let the user go on.
                 Some(client_err) if !client_err.is_unavailable() => {
                     turns.pop();
                     output::error_line(&format!("spark: {client_err}"));

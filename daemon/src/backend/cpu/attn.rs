@@ -146,7 +146,7 @@ const LANES: usize = 64;
 /// bit casts only, so a loop over it vectorizes and every build computes the same bits
 /// (Rust neither fuses nor reorders float operations).
 #[inline(always)]
-pub(crate) fn exp_neg(x: f32) -> f32 {
+fn exp_neg(x: f32) -> f32 {
     // exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln 2 / 2 (Cephes' expf).
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // 1.5 * 2^23: adding it rounds to an integer (ties to even) in the low mantissa bits.
