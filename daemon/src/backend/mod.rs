@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::{BlockTable, ForwardError, KvFull, SeqInput};
+use crate::model::{BlockPool, BlockTable, ForwardError, KvFull, SeqInput};
 
 pub mod cpu;
 pub mod cuda;
@@ -79,12 +79,24 @@ pub trait Backend: Send {
         None
     }
 
+    /// The allocator of this backend's KV blocks (and its prefix cache).
+    fn blocks(&self) -> &BlockPool;
+    fn blocks_mut(&mut self) -> &mut BlockPool;
+
     /// Grows `table` to hold `positions` positions; all or nothing.
-    fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull>;
+    fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
+        self.blocks_mut().reserve(table, positions)
+    }
     /// Returns every block of `table` to the pool.
-    fn release(&mut self, table: &mut BlockTable);
-    fn kv_used_blocks(&self) -> usize;
-    fn kv_total_blocks(&self) -> usize;
+    fn release(&mut self, table: &mut BlockTable) {
+        self.blocks_mut().release(table);
+    }
+    fn kv_used_blocks(&self) -> usize {
+        self.blocks().used_blocks()
+    }
+    fn kv_total_blocks(&self) -> usize {
+        self.blocks().total_blocks()
+    }
 
     /// For `Status`.
     fn report(&self) -> Arc<dyn DeviceReport>;

@@ -1,10 +1,17 @@
 //! The paged KV cache: a pool of fixed-size blocks shared by all sequences.
 //!
-//! Each sequence owns a block table (its blocks in position order). Blocks are handed
+//! Each sequence has a block table (its blocks in position order). Blocks are handed
 //! out from a free list in whatever order they come, so sequences of any length share
 //! memory, and a finished sequence's blocks are reusable at once. The cache holds no
 //! notion of requests: the engine owns the tables, the model reads and writes through
 //! them.
+//!
+//! With the prefix cache (`prefix`), a full block whose positions are computed can be
+//! published: a later table whose tokens start the same way takes that very block
+//! (several tables may hold one block; nobody writes to a full one), and after its last
+//! holder lets go it stays cached until the pool needs the memory.
+
+use super::prefix::{ContentId, PrefixIndex, ROOT};
 
 /// Tokens per block. 16 keeps the waste per sequence small while letting attention run
 /// over contiguous runs of positions.
@@ -15,6 +22,9 @@ pub const BLOCK_TOKENS: usize = 16;
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BlockTable {
     blocks: Vec<u32>,
+    /// The content ids of the leading full blocks the prefix cache knows: `prefix[i]`
+    /// names what `blocks[i]` holds (matched at admission or published since).
+    prefix: Vec<ContentId>,
 }
 
 impl BlockTable {
@@ -40,12 +50,17 @@ pub struct KvFull {
     pub free: usize,
 }
 
-/// The block allocator: which of `n_blocks` blocks are free. Shared by every backend,
-/// so the CPU cache and the device caches hand out blocks (and refuse them) the same way.
+/// The block allocator: which of `n_blocks` blocks are free, which tables hold the
+/// others, and which hold cached prefixes. Shared by every backend, so the CPU cache and
+/// the device caches hand out blocks (and refuse them) and reuse prefixes the same way.
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     n_blocks: usize,
+    /// Blocks with nothing worth keeping.
     free: Vec<u32>,
+    /// Tables holding each block.
+    holders: Vec<u32>,
+    prefixes: PrefixIndex,
 }
 
 impl BlockPool {
@@ -55,42 +70,105 @@ impl BlockPool {
         // Reverse so that blocks are first handed out in ascending order; tests shuffle
         // the free list to check that nothing depends on that.
         let free = (0..n_blocks as u32).rev().collect();
-        BlockPool { n_blocks, free }
+        BlockPool {
+            n_blocks,
+            free,
+            holders: vec![0; n_blocks],
+            prefixes: PrefixIndex::new(n_blocks),
+        }
     }
 
     pub fn total_blocks(&self) -> usize {
         self.n_blocks
     }
 
+    /// Blocks a reservation can take: free ones and cached ones no table holds.
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.prefixes.idle_blocks()
     }
 
+    /// Blocks that tables hold.
     pub fn used_blocks(&self) -> usize {
-        self.n_blocks - self.free.len()
+        self.n_blocks - self.free_blocks()
     }
 
-    /// Grows `table` to hold `positions` positions; all or nothing.
+    /// Blocks holding a cached prefix, held by tables or idle.
+    pub fn cached_blocks(&self) -> usize {
+        self.prefixes.cached_blocks()
+    }
+
+    /// Grows `table` to hold `positions` positions; all or nothing. Free blocks go
+    /// first, then the cached blocks idle longest.
     pub fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
         let needed = KvCache::blocks_needed(table, positions);
-        if needed > self.free.len() {
-            return Err(KvFull {
-                needed,
-                free: self.free.len(),
-            });
+        let free = self.free_blocks();
+        if needed > free {
+            return Err(KvFull { needed, free });
         }
         for _ in 0..needed {
-            // Checked above: the free list holds at least `needed` blocks.
-            if let Some(b) = self.free.pop() {
+            // Checked above: free and idle blocks number at least `needed`.
+            if let Some(b) = self.free.pop().or_else(|| self.prefixes.evict()) {
+                self.holders[b as usize] = 1;
                 table.blocks.push(b);
             }
         }
         Ok(())
     }
 
-    /// Returns every block of `table` to the pool.
+    /// Lets go of every block of `table`. A block no other table holds becomes free,
+    /// or idle in the prefix cache if it caches a prefix; the table's last block is let
+    /// go first, so that a prefix is evicted from its end.
     pub fn release(&mut self, table: &mut BlockTable) {
-        self.free.append(&mut table.blocks);
+        for b in table.blocks.drain(..).rev() {
+            let holders = &mut self.holders[b as usize];
+            *holders = holders.saturating_sub(1);
+            if *holders > 0 {
+                continue;
+            }
+            if self.prefixes.holds(b) {
+                self.prefixes.park(b);
+            } else {
+                self.free.push(b);
+            }
+        }
+        table.prefix.clear();
+    }
+
+    /// Gives an empty `table` the cached blocks of the longest prefix of `tokens` made
+    /// of whole cached blocks, and returns the positions they hold (a multiple of
+    /// [`BLOCK_TOKENS`]); those positions need no computing.
+    pub fn reuse_prefix(&mut self, table: &mut BlockTable, tokens: &[u32]) -> usize {
+        if !table.blocks.is_empty() {
+            return 0;
+        }
+        let mut before = ROOT;
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
+            let Some((b, id)) = self.prefixes.lookup(before, chunk) else {
+                break;
+            };
+            if self.holders[b as usize] == 0 {
+                self.prefixes.unpark(b);
+            }
+            self.holders[b as usize] += 1;
+            table.blocks.push(b);
+            table.prefix.push(id);
+            before = id;
+        }
+        table.blocks.len() * BLOCK_TOKENS
+    }
+
+    /// Publishes the full blocks of `table` whose positions are now computed: `computed`
+    /// are the tokens whose K/V the table's blocks hold, from position 0.
+    pub fn publish_prefix(&mut self, table: &mut BlockTable, computed: &[u32]) {
+        let full = (computed.len() / BLOCK_TOKENS).min(table.blocks.len());
+        for i in table.prefix.len()..full {
+            let before = table.prefix.last().copied().unwrap_or(ROOT);
+            let tokens = &computed[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
+            match self.prefixes.insert(before, tokens, table.blocks[i]) {
+                Some(id) => table.prefix.push(id),
+                None => break,
+            }
+        }
     }
 
     #[cfg(test)]
@@ -160,6 +238,14 @@ impl KvCache {
         self.pool.release(table);
     }
 
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
+    }
+
     #[cfg(test)]
     pub(crate) fn shuffle_free_list(&mut self, seed: u64) {
         self.pool.shuffle_free_list(seed);
@@ -222,6 +308,139 @@ mod tests {
         assert!(a.blocks().is_empty());
         kv.reserve(&mut b, 2 * BLOCK_TOKENS + 1).unwrap();
         assert_eq!(b.blocks().len(), 3);
+    }
+
+    fn toks(n: usize, salt: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 7 + salt).collect()
+    }
+
+    /// A table that computed `tokens` and published its full blocks.
+    fn computed(pool: &mut BlockPool, tokens: &[u32]) -> BlockTable {
+        let mut t = BlockTable::default();
+        pool.reserve(&mut t, tokens.len()).unwrap();
+        pool.publish_prefix(&mut t, tokens);
+        t
+    }
+
+    #[test]
+    fn a_published_prefix_is_reused_by_whole_blocks_only() {
+        let mut pool = BlockPool::for_tokens(8 * BLOCK_TOKENS);
+        let a = toks(2 * BLOCK_TOKENS + 8, 1);
+        let mut ta = computed(&mut pool, &a);
+        let first_two = ta.blocks()[..2].to_vec();
+        pool.release(&mut ta);
+        assert_eq!(pool.free_blocks(), 8, "idle cached blocks count as free");
+        assert_eq!(
+            pool.cached_blocks(),
+            2,
+            "the partial third block is not cached"
+        );
+
+        let mut tb = BlockTable::default();
+        assert_eq!(pool.reuse_prefix(&mut tb, &a), 2 * BLOCK_TOKENS);
+        assert_eq!(tb.blocks(), &first_two[..]);
+        assert_eq!(pool.used_blocks(), 2);
+        pool.release(&mut tb);
+
+        // A prompt that leaves the cached one inside its second block takes the first.
+        let mut b = a.clone();
+        b[BLOCK_TOKENS + 3] += 1;
+        assert_eq!(pool.reuse_prefix(&mut tb, &b), BLOCK_TOKENS);
+        assert_eq!(tb.blocks(), &first_two[..1]);
+        pool.release(&mut tb);
+        // One shorter than a block reuses nothing, nor does a different start.
+        assert_eq!(pool.reuse_prefix(&mut tb, &a[..BLOCK_TOKENS - 1]), 0);
+        assert_eq!(pool.reuse_prefix(&mut tb, &toks(40, 2)), 0);
+        assert!(tb.blocks().is_empty());
+    }
+
+    #[test]
+    fn a_block_is_known_by_everything_before_it() {
+        let mut pool = BlockPool::for_tokens(8 * BLOCK_TOKENS);
+        // The same second block after two different first blocks.
+        let shared_tail = toks(BLOCK_TOKENS, 50);
+        let x = [toks(BLOCK_TOKENS, 1), shared_tail.clone()].concat();
+        let y = [toks(BLOCK_TOKENS, 2), shared_tail].concat();
+        let mut tx = computed(&mut pool, &x);
+        pool.release(&mut tx);
+        let mut ty = BlockTable::default();
+        assert_eq!(pool.reuse_prefix(&mut ty, &y), 0);
+        let mut ty = computed(&mut pool, &y);
+        pool.release(&mut ty);
+        assert_eq!(pool.cached_blocks(), 4);
+        let mut t = BlockTable::default();
+        assert_eq!(pool.reuse_prefix(&mut t, &y), 2 * BLOCK_TOKENS);
+        pool.release(&mut t);
+        assert_eq!(pool.reuse_prefix(&mut t, &x), 2 * BLOCK_TOKENS);
+    }
+
+    #[test]
+    fn shared_blocks_stay_held_until_the_last_holder_lets_go() {
+        let mut pool = BlockPool::for_tokens(6 * BLOCK_TOKENS);
+        let a = toks(2 * BLOCK_TOKENS, 3);
+        let mut ta = computed(&mut pool, &a);
+        let mut tb = BlockTable::default();
+        assert_eq!(pool.reuse_prefix(&mut tb, &a), 2 * BLOCK_TOKENS);
+        pool.reserve(&mut tb, 3 * BLOCK_TOKENS).unwrap();
+        assert_eq!(&tb.blocks()[..2], ta.blocks());
+        assert_eq!(pool.used_blocks(), 3);
+        pool.release(&mut ta);
+        assert_eq!(pool.used_blocks(), 3, "b still holds the shared blocks");
+        // Every other block goes to a third table: none of b's may be handed out.
+        let mut tc = BlockTable::default();
+        assert_eq!(
+            pool.reserve(&mut tc, 4 * BLOCK_TOKENS),
+            Err(KvFull { needed: 4, free: 3 })
+        );
+        pool.reserve(&mut tc, 3 * BLOCK_TOKENS).unwrap();
+        assert!(tc.blocks().iter().all(|b| !tb.blocks().contains(b)));
+        pool.release(&mut tb);
+        pool.release(&mut tc);
+        assert_eq!(pool.free_blocks(), 6);
+        assert_eq!(pool.cached_blocks(), 2);
+    }
+
+    #[test]
+    fn idle_prefixes_are_evicted_from_their_end_and_then_miss() {
+        let mut pool = BlockPool::for_tokens(4 * BLOCK_TOKENS);
+        let a = toks(4 * BLOCK_TOKENS, 4);
+        let mut ta = computed(&mut pool, &a);
+        pool.release(&mut ta);
+        assert_eq!((pool.free_blocks(), pool.cached_blocks()), (4, 4));
+
+        // A new table needs one block: the prefix loses its last one.
+        let mut other = BlockTable::default();
+        pool.reserve(&mut other, 1).unwrap();
+        assert_eq!(pool.cached_blocks(), 3);
+        let mut t = BlockTable::default();
+        assert_eq!(pool.reuse_prefix(&mut t, &a), 3 * BLOCK_TOKENS);
+        pool.release(&mut t);
+
+        // The block handed out gets new content: its old key must not find it.
+        pool.publish_prefix(&mut other, &toks(BLOCK_TOKENS, 9));
+        pool.release(&mut other);
+        pool.reserve(&mut t, 4 * BLOCK_TOKENS).unwrap();
+        assert_eq!(pool.cached_blocks(), 0, "all evicted for the new table");
+        pool.release(&mut t);
+        assert_eq!(pool.reuse_prefix(&mut t, &a), 0);
+        assert_eq!(pool.reuse_prefix(&mut t, &toks(BLOCK_TOKENS, 9)), 0);
+    }
+
+    #[test]
+    fn a_prefix_computed_twice_at_once_is_cached_once() {
+        let mut pool = BlockPool::for_tokens(4 * BLOCK_TOKENS);
+        let a = toks(BLOCK_TOKENS, 5);
+        let mut t1 = computed(&mut pool, &a);
+        let mut t2 = computed(&mut pool, &a);
+        assert_ne!(t1.blocks(), t2.blocks());
+        assert_eq!(pool.cached_blocks(), 1);
+        let cached = t1.blocks()[0];
+        pool.release(&mut t2);
+        pool.release(&mut t1);
+        assert_eq!((pool.free_blocks(), pool.cached_blocks()), (4, 1));
+        let mut t = BlockTable::default();
+        assert_eq!(pool.reuse_prefix(&mut t, &a), BLOCK_TOKENS);
+        assert_eq!(t.blocks(), &[cached]);
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod config;
 pub mod forward;
 pub mod kv;
 pub mod ops;
+pub mod prefix;
 pub mod synth;
 pub mod weights;
 

@@ -131,6 +131,56 @@ fn paged_kv_in_any_block_order_equals_contiguous() {
 }
 
 #[test]
+fn a_reused_prefix_gives_the_logits_of_a_full_prefill() {
+    let model = tiny(SynthSpec::tiny());
+    let vocab = model.config.vocab_size;
+    let mut ws = Workspace::new(2);
+    let mut kv = model.new_kv_cache(64 * BLOCK_TOKENS);
+    // A first prompt computes its K/V in one pass and publishes its full blocks.
+    let first = tokens(3 * BLOCK_TOKENS + 5, 6, vocab);
+    let mut table = BlockTable::default();
+    kv.reserve(&mut table, first.len()).unwrap();
+    let b = [SeqInput {
+        table: &table,
+        tokens: &first,
+        start_pos: 0,
+        want_logits: true,
+        greedy: None,
+    }];
+    model.forward(&b, &mut kv, &mut ws).unwrap();
+    kv.pool_mut().publish_prefix(&mut table, &first);
+    kv.release(&mut table);
+
+    // A second one shares two blocks and a few tokens with it, then goes its own way.
+    let mut second = first[..2 * BLOCK_TOKENS + 7].to_vec();
+    second.extend(tokens(20, 8, vocab));
+    let reused = kv
+        .pool_mut()
+        .reuse_prefix(&mut table, &second[..second.len() - 1]);
+    assert_eq!(reused, 2 * BLOCK_TOKENS);
+    kv.reserve(&mut table, second.len()).unwrap();
+    let b = [SeqInput {
+        table: &table,
+        tokens: &second[reused..],
+        start_pos: reused,
+        want_logits: true,
+        greedy: None,
+    }];
+    model.forward(&b, &mut kv, &mut ws).unwrap();
+    let with_reuse = ws.logits(0, vocab).to_vec();
+
+    let fresh = run_single(
+        &model,
+        &mut model.new_kv_cache(64 * BLOCK_TOKENS),
+        &mut ws,
+        &second,
+        64,
+    );
+    let d = max_rel_diff(&fresh, &with_reuse);
+    assert!(d < 1e-5, "differs by {d}");
+}
+
+#[test]
 fn thread_count_does_not_change_results() {
     let model = tiny(SynthSpec::tiny());
     let vocab = model.config.vocab_size;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::backend::cpu::MatmulMode;
 use crate::backend::{Backend, BackendError, DeviceReport, HostThreads};
-use crate::model::{BlockTable, KvCache, KvFull, Model, SeqInput, Workspace};
+use crate::model::{BlockPool, KvCache, Model, SeqInput, Workspace};
 
 pub struct CpuBackend {
     model: Arc<Model>,
@@ -71,20 +71,12 @@ impl Backend for CpuBackend {
         (rows, pool)
     }
 
-    fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
-        self.kv.reserve(table, positions)
+    fn blocks(&self) -> &BlockPool {
+        self.kv.pool()
     }
 
-    fn release(&mut self, table: &mut BlockTable) {
-        self.kv.release(table);
-    }
-
-    fn kv_used_blocks(&self) -> usize {
-        self.kv.used_blocks()
-    }
-
-    fn kv_total_blocks(&self) -> usize {
-        self.kv.total_blocks()
+    fn blocks_mut(&mut self) -> &mut BlockPool {
+        self.kv.pool_mut()
     }
 
     fn report(&self) -> Arc<dyn DeviceReport> {

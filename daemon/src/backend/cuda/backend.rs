@@ -18,7 +18,7 @@ use super::weights::DevWeights;
 use crate::backend::cpu::ThreadPool;
 use crate::backend::{Backend, BackendError, DeviceReport, HostThreads};
 use crate::model::config::ModelConfig;
-use crate::model::{BlockPool, BlockTable, KvFull, Model, SeqInput, BLOCK_TOKENS};
+use crate::model::{BlockPool, Model, SeqInput, BLOCK_TOKENS};
 
 // Logits are downloaded straight into host f32s (`fetch_outputs`), and uploads write
 // host integers as little-endian bytes: the host must be little-endian like the GPU.
@@ -474,20 +474,12 @@ impl<G: Gpu> Backend for CudaBackend<G> {
         self.picks.get(i).copied().flatten()
     }
 
-    fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
-        self.pool.reserve(table, positions)
+    fn blocks(&self) -> &BlockPool {
+        &self.pool
     }
 
-    fn release(&mut self, table: &mut BlockTable) {
-        self.pool.release(table);
-    }
-
-    fn kv_used_blocks(&self) -> usize {
-        self.pool.used_blocks()
-    }
-
-    fn kv_total_blocks(&self) -> usize {
-        self.pool.total_blocks()
+    fn blocks_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
     }
 
     fn report(&self) -> Arc<dyn DeviceReport> {
