@@ -271,7 +271,8 @@ pub struct Timings {
     pub decode_ms: f64,
     /// (completion_tokens - 1) / decode_ms. `None` with fewer than two tokens.
     pub decode_tps: Option<f64>,
-    /// prompt_tokens / prefill_ms. `None` when no prompt was processed.
+    /// Prompt tokens run through the model / prefill_ms: tokens taken from the daemon's
+    /// prefix cache are not counted. `None` when no prompt was processed.
     pub prefill_tps: Option<f64>,
 }
 

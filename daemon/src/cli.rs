@@ -76,6 +76,16 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub cuda_pdl: Option<bool>,
+    /// Keep the KV blocks of finished prompts and reuse them for prompts that start
+    /// the same way (a chat's history, a shared system prompt) [default: on]; `off`
+    /// computes every prompt in full.
+    #[arg(
+        long,
+        value_name = "on|off",
+        hide_possible_values = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub prefix_cache: Option<bool>,
     /// KV cache size in tokens, shared by all running sequences [default: 16384].
     #[arg(long)]
     pub kv_tokens: Option<usize>,
@@ -140,6 +150,7 @@ impl ServeArgs {
             threads: self.threads.or(file.threads),
             cuda_graphs: self.cuda_graphs.or(file.cuda_graphs),
             cuda_pdl: self.cuda_pdl.or(file.cuda_pdl),
+            prefix_cache: self.prefix_cache.or(file.prefix_cache),
             kv_tokens: self.kv_tokens.or(file.kv_tokens),
             ctx: self.ctx.or(file.ctx),
             max_running: self.max_running.or(file.max_running),

@@ -157,6 +157,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.step_tokens = args.step_tokens.unwrap_or(cfg.step_tokens);
     cfg.max_per_uid = args.max_per_uid;
     cfg.keep_jobs = args.keep_jobs.unwrap_or(cfg.keep_jobs);
+    cfg.prefix_cache = args.prefix_cache.unwrap_or(cfg.prefix_cache);
     if let Some(p) = &args.chat_template {
         cfg.chat_template = Some(
             std::fs::read_to_string(p)

@@ -191,7 +191,11 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
     let mut d = Daemon::start_with_env(
         &tiny_model(),
         &["--device", "cuda"],
-        &[("LD_LIBRARY_PATH", lib.as_str())],
+        &[
+            ("LD_LIBRARY_PATH", lib.as_str()),
+            // The engine's debug lines say how much of each prompt the prefix cache gave.
+            ("RUST_LOG", "info,sparkd::engine=debug"),
+        ],
     );
     let c = d.client().await;
     let status = c.status().await.expect("status");
@@ -268,9 +272,20 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
     assert_eq!(on_device.0.len(), 4);
     assert_ne!(on_device.0[0], a.0[0], "the unbiased first pick is banned");
 
+    // A prompt of several KV blocks, twice: the second takes all its whole blocks from
+    // the prefix cache in device memory, computes only the rest and answers the same.
+    let long = "A prompt long enough to fill a few blocks of the KV cache, asked twice.";
+    let first = tokens_and_done(&c, greedy(8, long, 4)).await;
+    let again = tokens_and_done(&c, greedy(9, long, 4)).await;
+    assert_eq!(first.0, again.0, "a reused prefix changes no token");
+    let n_prompt = again.1.usage.prompt_tokens as usize;
+    assert!(n_prompt > 48, "a prompt of {n_prompt} tokens");
+    let reused = format!("reused_prompt_tokens={}", (n_prompt - 1) / 16 * 16);
+
     let exit = d.terminate();
     assert!(exit.success(), "exit status {exit}: {}", d.log_text());
     let log = strip_ansi(&d.log_text());
+    assert!(log.contains(&reused), "{log}");
     assert!(!log.contains(FAKE_MARK), "{log}");
     assert!(!log.contains("panicked"), "{log}");
 }

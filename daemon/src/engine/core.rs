@@ -53,6 +53,8 @@ pub struct EngineLimits {
     pub max_running: usize,
     /// Tokens per forward step across the batch (decodes + prompt chunks).
     pub step_tokens: usize,
+    /// Reuse the KV blocks of earlier prompts that start the same way.
+    pub prefix_cache: bool,
 }
 
 pub struct EngineCore {
@@ -247,6 +249,14 @@ impl EngineCore {
             let Some(seq) = self.waiting.front_mut() else {
                 break;
             };
+            if self.limits.prefix_cache {
+                // The last token is always computed: its logits pick the next one.
+                let reusable = &seq.tokens[..seq.tokens.len().saturating_sub(1)];
+                seq.n_cached = self
+                    .backend
+                    .blocks_mut()
+                    .reuse_prefix(&mut seq.table, reusable);
+            }
             // The whole prompt's blocks up front, so an admitted prompt never stalls
             // half-way for lack of memory.
             if self
@@ -254,11 +264,14 @@ impl EngineCore {
                 .reserve(&mut seq.table, seq.tokens.len())
                 .is_err()
             {
+                self.backend.release(&mut seq.table);
+                seq.n_cached = 0;
                 break;
             }
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
+            seq.n_reused = seq.n_cached.min(seq.n_prompt);
             seq.timings.admitted.get_or_insert_with(Instant::now);
             self.running.push(seq);
         }
@@ -320,6 +333,11 @@ impl EngineCore {
             }
             let was_prefill = s.in_prefill();
             s.n_cached += n;
+            if self.limits.prefix_cache {
+                self.backend
+                    .blocks_mut()
+                    .publish_prefix(&mut s.table, &s.tokens[..s.n_cached]);
+            }
             if was_prefill {
                 s.timings.prefill += elapsed;
             } else {
@@ -444,6 +462,7 @@ impl EngineCore {
             job = s.job,
             reason = reason.as_str(),
             prompt_tokens = done.usage.prompt_tokens,
+            reused_prompt_tokens = s.n_reused,
             completion_tokens = done.usage.completion_tokens,
             "sequence finished"
         );

@@ -44,6 +44,8 @@ pub struct EngineConfig {
     pub keep_jobs: usize,
     /// Replaces the model's own chat template.
     pub chat_template: Option<String>,
+    /// Reuse the KV blocks of earlier prompts that start the same way.
+    pub prefix_cache: bool,
 }
 
 impl EngineConfig {
@@ -59,6 +61,7 @@ impl EngineConfig {
             max_per_uid: None,
             keep_jobs: 1000,
             chat_template: None,
+            prefix_cache: true,
         }
     }
 }
@@ -160,6 +163,7 @@ impl EngineHandle {
             limits: EngineLimits {
                 max_running: config.max_running.max(1),
                 step_tokens: config.step_tokens.max(1),
+                prefix_cache: config.prefix_cache,
             },
         };
         let core = EngineCore::new(parts, rx, shared.clone(), in_flight.clone());
@@ -172,6 +176,7 @@ impl EngineHandle {
             backend = report.backend(),
             threads,
             kv_tokens = kv_capacity,
+            prefix_cache = config.prefix_cache,
             context,
             "engine started"
         );
@@ -366,6 +371,7 @@ impl EngineHandle {
             tokens,
             n_prompt,
             n_cached: 0,
+            n_reused: 0,
             max_tokens,
             table: Default::default(),
             sampler,

@@ -8,6 +8,8 @@ pub mod handle;
 pub mod jobs;
 pub mod scheduler;
 pub mod sequence;
+#[cfg(test)]
+mod tests;
 
 pub use api::{ClientInfo, ConnId, Engine, Submission};
 pub use handle::{resident_bytes, EngineConfig, EngineError, EngineHandle, QueueLimits};

@@ -27,9 +27,11 @@ pub struct SeqTimings {
 }
 
 impl SeqTimings {
-    /// The wire form. Rates are only given when they have a meaning: no decode rate
-    /// with fewer than two tokens, no prefill rate without prefill work.
-    pub fn report(&self, prompt_tokens: u32, completion_tokens: u32) -> Timings {
+    /// The wire form, for `prefilled_tokens` prompt tokens run through the model (those
+    /// taken from the prefix cache are not) and `completion_tokens` generated. Rates are
+    /// only given when they have a meaning: no decode rate with fewer than two tokens,
+    /// no prefill rate without prefill work.
+    pub fn report(&self, prefilled_tokens: u32, completion_tokens: u32) -> Timings {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let arrived = self.arrived;
         let since_arrival = |t: Option<Instant>| match (arrived, t) {
@@ -52,8 +54,8 @@ impl SeqTimings {
             decode_ms,
             decode_tps: (completion_tokens >= 2 && decode_ms > 0.0)
                 .then(|| (completion_tokens - 1) as f64 / decode_ms * 1e3),
-            prefill_tps: (prompt_tokens > 0 && prefill_ms > 0.0)
-                .then(|| prompt_tokens as f64 / prefill_ms * 1e3),
+            prefill_tps: (prefilled_tokens > 0 && prefill_ms > 0.0)
+                .then(|| prefilled_tokens as f64 / prefill_ms * 1e3),
         }
     }
 }
@@ -68,6 +70,8 @@ pub struct Sequence {
     pub n_prompt: usize,
     /// Positions whose K/V are in the cache; the next step feeds `tokens[n_cached..]`.
     pub n_cached: usize,
+    /// Prompt positions taken from the prefix cache when last admitted, not computed.
+    pub n_reused: usize,
     pub max_tokens: usize,
     pub table: BlockTable,
     pub sampler: Sampler,
@@ -127,9 +131,10 @@ impl Sequence {
             id: self.request_id,
             finish_reason: reason,
             usage,
-            timings: self
-                .timings
-                .report(usage.prompt_tokens, usage.completion_tokens),
+            timings: self.timings.report(
+                (self.n_prompt - self.n_reused) as u32,
+                usage.completion_tokens,
+            ),
         }
     }
 }

@@ -1,0 +1,234 @@
+//! The engine end to end on a tiny synthetic model, through the [`Engine`] trait the
+//! server uses, with a backend that counts the tokens each step computes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spark_client::protocol::{
+    DoneEvent, FinishReason, GenerateRequest, PromptInput, SamplingParams, ServerMessage,
+};
+
+use super::{ClientInfo, Engine, EngineConfig, EngineHandle, Submission};
+use crate::backend::{Backend, BackendError, CpuBackend, DeviceReport, HostThreads};
+use crate::gguf::GgufFile;
+use crate::model::synth::{synth_gguf, SynthSpec};
+use crate::model::{BlockPool, Model, SeqInput, BLOCK_TOKENS};
+
+/// The CPU backend, counting the tokens that forward steps compute.
+struct Counting {
+    inner: CpuBackend,
+    computed: Arc<AtomicUsize>,
+}
+
+impl Backend for Counting {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Duration, BackendError> {
+        let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        self.computed.fetch_add(n, Ordering::SeqCst);
+        self.inner.forward(batch)
+    }
+    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        self.inner.logits_mut(i)
+    }
+    fn logit_rows_mut(&mut self, rows: usize) -> (&mut [f32], &dyn HostThreads) {
+        self.inner.logit_rows_mut(rows)
+    }
+    fn blocks(&self) -> &BlockPool {
+        self.inner.blocks()
+    }
+    fn blocks_mut(&mut self) -> &mut BlockPool {
+        self.inner.blocks_mut()
+    }
+    fn report(&self) -> Arc<dyn DeviceReport> {
+        self.inner.report()
+    }
+    fn threads(&self) -> usize {
+        self.inner.threads()
+    }
+}
+
+/// An engine on the tiny model and the counter of its computed tokens.
+fn engine(prefix_cache: bool) -> (Arc<EngineHandle>, Arc<AtomicUsize>) {
+    engine_with_kv(prefix_cache, 64)
+}
+
+fn engine_with_kv(prefix_cache: bool, kv_blocks: usize) -> (Arc<EngineHandle>, Arc<AtomicUsize>) {
+    let bytes = synth_gguf(&SynthSpec::tiny()).expect("synth").to_bytes();
+    let file = GgufFile::from_bytes(bytes).expect("parse synth");
+    let model = Arc::new(Model::from_file(file, std::path::Path::new("tiny.gguf")).expect("load"));
+    let computed = Arc::new(AtomicUsize::new(0));
+    let backend = Counting {
+        inner: CpuBackend::new(model.clone(), kv_blocks * BLOCK_TOKENS, 1),
+        computed: computed.clone(),
+    };
+    let config = EngineConfig {
+        prefix_cache,
+        ..EngineConfig::new("tiny")
+    };
+    let handle = EngineHandle::start_with_backend(model, Box::new(backend), config).expect("start");
+    (handle, computed)
+}
+
+/// Queues one greedy raw-text generation; its events come on the receiver.
+fn submit(
+    engine: &EngineHandle,
+    id: u64,
+    text: &str,
+    max_tokens: u32,
+) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id,
+        model: None,
+        input: PromptInput::Raw {
+            text: text.into(),
+            special: false,
+        },
+        sampling: SamplingParams::default(),
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+        logprobs: None,
+    };
+    engine
+        .submit(Submission {
+            conn: 1,
+            client: ClientInfo::default(),
+            request,
+            arrived: Instant::now(),
+            events: tx,
+        })
+        .expect("accepted");
+    rx
+}
+
+/// A generation's tokens, text and final frame.
+fn collect(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<ServerMessage>,
+) -> (Vec<u32>, String, DoneEvent) {
+    let (mut tokens, mut answer) = (Vec::new(), String::new());
+    while let Some(msg) = events.blocking_recv() {
+        match msg {
+            ServerMessage::Token(t) => {
+                tokens.push(t.token);
+                answer.push_str(&t.text);
+            }
+            ServerMessage::Done(done) => return (tokens, answer, done),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    panic!("stream ended without Done");
+}
+
+/// Runs one greedy raw-text generation to its end.
+fn generate(
+    engine: &EngineHandle,
+    id: u64,
+    text: &str,
+    max_tokens: u32,
+) -> (Vec<u32>, String, DoneEvent) {
+    collect(submit(engine, id, text, max_tokens))
+}
+
+const PROMPT: &str = "A long system prompt that many requests share, long enough to fill \
+                      a few blocks of the KV cache, followed by the question itself.";
+
+#[test]
+fn a_repeated_prompt_computes_only_what_the_cache_lacks() {
+    let (engine, computed) = engine(true);
+    let (first, _, done) = generate(&engine, 1, PROMPT, 6);
+    assert_eq!(done.finish_reason, FinishReason::Length);
+    let n_prompt = done.usage.prompt_tokens as usize;
+    assert!(n_prompt > 2 * BLOCK_TOKENS, "prompt of {n_prompt} tokens");
+    // The prompt, then one position for each generated token but the last.
+    assert_eq!(computed.load(Ordering::SeqCst), n_prompt + 5);
+
+    let before = computed.load(Ordering::SeqCst);
+    let (again, _, done) = generate(&engine, 2, PROMPT, 6);
+    assert_eq!(
+        again, first,
+        "greedy tokens must not change with a reused prefix"
+    );
+    let reused = (n_prompt - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
+    assert_eq!(
+        computed.load(Ordering::SeqCst) - before,
+        n_prompt - reused + 5
+    );
+    // The prefill rate counts the computed prompt tokens only.
+    let t = done.timings;
+    let rate = (n_prompt - reused) as f64 / t.prefill_ms * 1e3;
+    assert!((t.prefill_tps.unwrap() - rate).abs() < 1e-6 * rate);
+}
+
+#[test]
+fn a_prompt_that_extends_an_earlier_one_reuses_its_blocks() {
+    let (engine, computed) = engine(true);
+    let (answer, _, first) = generate(&engine, 1, PROMPT, 20);
+    // The positions the first request computed: its prompt and every answer token but
+    // the last, which was sampled and never fed back. (Whether an answer's own blocks
+    // come back depends on its text encoding to the same tokens: the pool tests cover
+    // generated tokens like any others.)
+    let first_prompt = engine.tokenizer().encode(PROMPT, true, false);
+    assert_eq!(first_prompt.len(), first.usage.prompt_tokens as usize);
+    let computed_first = [first_prompt, answer[..answer.len() - 1].to_vec()].concat();
+
+    // The next turn of a conversation: the history and a new question.
+    let next = format!("{PROMPT} And a follow-up question.");
+    let next_tokens = engine.tokenizer().encode(&next, true, false);
+    let common = computed_first
+        .iter()
+        .zip(&next_tokens)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let reused = common.min(next_tokens.len() - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
+    assert!(reused >= 4 * BLOCK_TOKENS, "{reused} positions to reuse");
+
+    let before = computed.load(Ordering::SeqCst);
+    let (_, _, second) = generate(&engine, 2, &next, 3);
+    assert_eq!(second.usage.prompt_tokens as usize, next_tokens.len());
+    assert_eq!(
+        computed.load(Ordering::SeqCst) - before,
+        next_tokens.len() - reused + 2
+    );
+}
+
+#[test]
+fn without_the_prefix_cache_every_prompt_is_computed_in_full() {
+    let (engine, computed) = engine(false);
+    let (first, _, done) = generate(&engine, 1, PROMPT, 6);
+    let n_prompt = done.usage.prompt_tokens as usize;
+    let (again, _, _) = generate(&engine, 2, PROMPT, 6);
+    assert_eq!(again, first);
+    assert_eq!(computed.load(Ordering::SeqCst), 2 * (n_prompt + 5));
+}
+
+#[test]
+fn sequences_preempted_for_lack_of_kv_blocks_still_give_their_own_tokens() {
+    let prompts: Vec<String> = (0..4)
+        .map(|i| format!("Request {i}: {PROMPT} Number {i} of four."))
+        .collect();
+    let (roomy, _) = engine(true);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| generate(&roomy, 1, p, 40).0)
+        .collect();
+    for prefix_cache in [true, false] {
+        // Room for two prompts at a time, not for their answers too.
+        let (tight, _) = engine_with_kv(prefix_cache, 16);
+        let streams: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| submit(&tight, i as u64, p, 40))
+            .collect();
+        for (i, events) in streams.into_iter().enumerate() {
+            let (tokens, _, done) = collect(events);
+            assert_eq!(done.finish_reason, FinishReason::Length);
+            assert_eq!(tokens, alone[i], "request {i}, prefix cache {prefix_cache}");
+        }
+        // Every table let go (the load is published just after the last `Done`).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tight.status().kv_blocks_used != 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(tight.status().kv_blocks_used, 0);
+    }
+}
