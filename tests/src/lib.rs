@@ -239,6 +239,9 @@ fn spawn_sparkd(launch: &Launch, socket: &Path, log: &Path) -> Child {
         .arg(&launch.model)
         .arg("--socket")
         .arg(socket)
+        // A KV cache small enough that a load test's warm-up fills it: the prefix cache
+        // keeps the blocks of finished prompts, so the cache's pages are touched until
+        // all are, which a memory check must not take for a leak.
         .args(["--threads", "2", "--kv-tokens", "4096"])
         .args(&launch.extra)
         .env_remove("SPARKD_SOCKET")

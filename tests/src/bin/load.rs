@@ -29,7 +29,11 @@ use sparkd_e2e::{tiny_model, Daemon, Shim};
                   the allocator's arenas and the engine's buffers to their high-water mark (on \
                   the synthetic model that takes about two rounds), and they keep it for reuse; \
                   a leak shows as growth past that level, round after round. Only growth \
-                  beyond the tolerance fails. The daemon this harness starts keeps exactly \
+                  beyond the tolerance fails. The prefix cache keeps finished prompts' KV \
+                  blocks, so a daemon's KV memory grows until --kv-tokens is full: the daemon \
+                  this harness starts has a cache (4096 tokens) that the warm-up fills; \
+                  against another, warm up long enough to fill its cache, or run it with \
+                  --prefix-cache off. The daemon this harness starts keeps exactly \
                   --requests jobs, so its jobs list is full (steady) from the first warm-up on."
 )]
 struct Args {
