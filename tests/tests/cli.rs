@@ -122,6 +122,91 @@ fn jobs_lists_the_runs_with_their_numbers() {
     assert_eq!(table.lines().count(), 3, "{table}");
 }
 
+/// Runs `spark chat` with `lines` on its stdin, one question each.
+fn chat(socket: &std::path::Path, args: &[&str], lines: &[&str]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(bin("spark"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("chat")
+        .args(args)
+        .env_remove("SPARKD_SOCKET")
+        .env("SPARKD_NO_AUTOSTART", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run spark chat");
+    let mut stdin = child.stdin.take().expect("stdin");
+    for line in lines {
+        writeln!(stdin, "{line}").expect("write a question");
+    }
+    drop(stdin);
+    child.wait_with_output().expect("spark chat ends")
+}
+
+/// The prompt sizes of the daemon's jobs, oldest first.
+fn prompt_sizes(socket: &std::path::Path) -> Vec<u64> {
+    let out = spark(socket, &["jobs", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut sizes: Vec<u64> = text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let job: serde_json::Value = serde_json::from_str(l).expect("job JSON");
+            job["usage"]["prompt_tokens"].as_u64().unwrap()
+        })
+        .collect();
+    sizes.reverse();
+    sizes
+}
+
+#[test]
+fn chat_sends_the_history_and_leaves_out_its_oldest_exchange_when_it_outgrows_the_context() {
+    let questions = [
+        "What is the capital of France?",
+        "And of Spain?",
+        "And of Italy?",
+        "And of Greece?",
+        "And of Norway?",
+    ];
+    // Room for three of these exchanges, not four.
+    let d = Daemon::start(&tiny_model(), &["--ctx", "150"]);
+    let out = chat(&d.socket, &["--max-tokens", "8"], &questions);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    let stats = stderr.lines().filter(|l| l.contains(" tok/s · ")).count();
+    assert_eq!(stats, questions.len(), "every question answered: {stderr}");
+    let dropped = stderr
+        .lines()
+        .filter(|l| l.contains("outgrew the context"))
+        .count();
+    assert_eq!(dropped, 2, "{stderr}");
+    assert!(!stderr.contains("spark:"), "no error: {stderr}");
+
+    let sizes = prompt_sizes(&d.socket);
+    assert_eq!(sizes.len(), questions.len(), "{sizes:?}");
+    assert!(
+        sizes[0] < sizes[1] && sizes[1] < sizes[2],
+        "history resent: {sizes:?}"
+    );
+    assert!(
+        sizes[3] < sizes[2] + 20,
+        "oldest exchange left out: {sizes:?}"
+    );
+    assert!(sizes.iter().all(|&n| n + 8 <= 150), "{sizes:?}");
+
+    // One question too long for the context on its own: said, and the chat goes on.
+    let long = "word ".repeat(200);
+    let out = chat(&d.socket, &["--max-tokens", "8"], &[long.trim(), "hi"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("/clear"), "{stderr}");
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains(" tok/s · ")).count(),
+        1
+    );
+}
+
 #[test]
 fn run_starts_a_daemon_when_none_answers_and_stop_ends_it() {
     let dir = TempDir::new("auto");

@@ -80,14 +80,26 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         }
 
         turns.push(ChatMessage::new("user", text));
-        let request = args.request.request(
-            client.next_request_id(),
-            global.requested_model(),
-            args.request.chat(&turns),
-        );
-        let answer = match client.generate(request).await {
-            Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
-            Err(err) => Err(err.into()),
+        let answer = loop {
+            let request = args.request.request(
+                client.next_request_id(),
+                global.requested_model(),
+                args.request.chat(&turns),
+            );
+            let answer = match client.generate(request).await {
+                Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
+                Err(err) => Err(err.into()),
+            };
+            // Too long for the model's context: the oldest exchange goes (the system
+            // message stays), as long as there is one before this question.
+            if turns.len() > 2 && error_kind(&answer) == Some(ErrorKind::ContextOverflow) {
+                turns.drain(..2);
+                output::dim_line(
+                    "(the conversation outgrew the context: its oldest exchange is left out)",
+                );
+                continue;
+            }
+            break answer;
         };
         match answer {
             Ok(outcome) => {
@@ -115,6 +127,15 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(exit::code(exit::OK))
+}
+
+/// What the daemon said of a refused request.
+fn error_kind<T>(answer: &anyhow::Result<T>) -> Option<ErrorKind> {
+    answer
+        .as_ref()
+        .err()?
+        .downcast_ref::<ClientError>()
+        .and_then(ClientError::kind)
 }
 
 /// Lines of stdin, read on a thread of their own (a blocking read cannot be cancelled,
