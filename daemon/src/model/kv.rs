@@ -289,6 +289,7 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn reserve_is_all_or_nothing_and_release_returns_blocks() {
@@ -441,6 +442,99 @@ mod tests {
         let mut t = BlockTable::default();
         assert_eq!(pool.reuse_prefix(&mut t, &a), BLOCK_TOKENS);
         assert_eq!(t.blocks(), &[cached]);
+    }
+
+    /// One step of the random workload below.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A sequence of these tokens starts and computes them all, `step` at a time.
+        Start { tokens: Vec<u32>, step: usize },
+        /// The `n % live`-th live sequence ends.
+        End(usize),
+    }
+
+    /// Tokens that often share whole blocks: a few kinds of block, then a short tail.
+    fn workload_tokens() -> impl Strategy<Value = Vec<u32>> {
+        (
+            proptest::collection::vec(0u32..3, 0..5),
+            proptest::collection::vec(0u32..5, 1..20),
+        )
+            .prop_map(|(blocks, tail)| {
+                let mut t: Vec<u32> = blocks
+                    .iter()
+                    .flat_map(|&k| (0..BLOCK_TOKENS as u32).map(move |i| 100 * k + i % (k + 2)))
+                    .collect();
+                t.extend(tail);
+                t
+            })
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (workload_tokens(), 1usize..40).prop_map(|(tokens, step)| Op::Start { tokens, step }),
+            any::<usize>().prop_map(Op::End),
+        ]
+    }
+
+    proptest! {
+        /// Sequences come and go as the engine drives them (reuse, reserve, compute in
+        /// steps, publish, release) on a pool too small for all: every live sequence's
+        /// blocks always hold its own tokens (a shared or reused block is never written,
+        /// a held one never handed out), and the counts add up.
+        #[test]
+        fn shared_and_reused_blocks_always_hold_their_tokens(ops in proptest::collection::vec(op(), 1..60)) {
+            const N_BLOCKS: usize = 12;
+            let mut pool = BlockPool::for_tokens(N_BLOCKS * BLOCK_TOKENS);
+            // The token whose K/V each slot of each block holds, as the model writes them.
+            let mut slots = vec![[None::<u32>; BLOCK_TOKENS]; N_BLOCKS];
+            let mut live: Vec<(BlockTable, Vec<u32>)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Start { tokens, step } => {
+                        let mut t = BlockTable::default();
+                        let reused = pool.reuse_prefix(&mut t, &tokens[..tokens.len() - 1]);
+                        prop_assert_eq!(reused % BLOCK_TOKENS, 0);
+                        for (p, &tok) in tokens[..reused].iter().enumerate() {
+                            let (b, s) = t.locate(p);
+                            prop_assert_eq!(slots[b][s], Some(tok), "reused position {}", p);
+                        }
+                        if pool.reserve(&mut t, tokens.len()).is_err() {
+                            pool.release(&mut t);
+                            continue;
+                        }
+                        let mut done = reused;
+                        while done < tokens.len() {
+                            let end = (done + step).min(tokens.len());
+                            for (p, &tok) in tokens.iter().enumerate().take(end).skip(done) {
+                                let (b, s) = t.locate(p);
+                                slots[b][s] = Some(tok);
+                            }
+                            done = end;
+                            pool.publish_prefix(&mut t, &tokens[..done]);
+                        }
+                        live.push((t, tokens));
+                    }
+                    Op::End(n) => {
+                        if !live.is_empty() {
+                            let (mut t, _) = live.swap_remove(n % live.len());
+                            pool.release(&mut t);
+                            prop_assert!(t.blocks().is_empty());
+                        }
+                    }
+                }
+                for (t, tokens) in &live {
+                    for (p, &tok) in tokens.iter().enumerate() {
+                        let (b, s) = t.locate(p);
+                        prop_assert_eq!(slots[b][s], Some(tok), "live position {}", p);
+                    }
+                }
+                let held: std::collections::HashSet<u32> =
+                    live.iter().flat_map(|(t, _)| t.blocks().iter().copied()).collect();
+                prop_assert_eq!(pool.used_blocks(), held.len());
+                prop_assert_eq!(pool.free_blocks() + pool.used_blocks(), N_BLOCKS);
+                prop_assert!(pool.cached_blocks() <= N_BLOCKS);
+            }
+        }
     }
 
     #[test]
