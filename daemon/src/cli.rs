@@ -417,4 +417,31 @@ mod tests {
         let file: ServeArgs = toml::from_str("cuda_pdl = false\n").expect("parses");
         assert_eq!(file.cuda_pdl, Some(false));
     }
+
+    #[test]
+    fn prefix_cache_takes_on_and_off_and_the_flag_wins_over_the_file() {
+        let parse = |args: &[&str]| parse_serve(args).map(|a| a.prefix_cache);
+        assert_eq!(parse(&[]), Ok(None));
+        assert_eq!(parse(&["--prefix-cache", "off"]), Ok(Some(false)));
+        assert_eq!(parse(&["--prefix-cache", "on"]), Ok(Some(true)));
+        assert!(parse(&["--prefix-cache", "later"]).is_err());
+
+        let dir = std::env::temp_dir().join(format!("sparkd-cli-prefix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("sparkd.toml");
+        std::fs::write(&file, "prefix_cache = false\n").unwrap();
+        let merged = |flag: Option<bool>| {
+            ServeArgs {
+                config: Some(file.clone()),
+                prefix_cache: flag,
+                ..Default::default()
+            }
+            .with_config_file()
+            .unwrap()
+            .prefix_cache
+        };
+        assert_eq!(merged(None), Some(false));
+        assert_eq!(merged(Some(true)), Some(true));
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
