@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use spark_client::protocol::{ErrorKind, FinishReason, ServerMessage, TokenEvent, TokenLogprobs};
 
 use crate::backend::Backend;
-use crate::model::{Model, SeqInput};
+use crate::model::{Model, SeqInput, BLOCK_TOKENS};
 use crate::text::Tokenizer;
 
 use super::jobs::Shared;
@@ -256,6 +256,11 @@ impl EngineCore {
                     .backend
                     .blocks_mut()
                     .reuse_prefix(&mut seq.table, reusable);
+                if prefix_in_progress(&self.running, reusable, seq.n_cached) {
+                    self.backend.release(&mut seq.table);
+                    seq.n_cached = 0;
+                    break;
+                }
             }
             // The whole prompt's blocks up front, so an admitted prompt never stalls
             // half-way for lack of memory.
@@ -485,6 +490,23 @@ impl EngineCore {
             self.backend.kv_total_blocks(),
         );
     }
+}
+
+/// True when a running prompt is still computing whole blocks that a prompt starting
+/// with `reusable` (of which `reused` positions came from the cache) could take once
+/// they are done. Such a prompt waits for them rather than computing them a second
+/// time beside them: requests sent together with one long system prompt compute it
+/// once. The wait ends within that prompt's prefill, or when it leaves the batch.
+fn prefix_in_progress(running: &[Sequence], reusable: &[u32], reused: usize) -> bool {
+    running.iter().any(|r| {
+        let common = r.tokens[..r.n_prompt]
+            .iter()
+            .zip(reusable)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let shareable = common / BLOCK_TOKENS * BLOCK_TOKENS;
+        shareable > reused && r.n_cached < shareable
+    })
 }
 
 /// One sequence's next token (and its logprobs, when asked for) from its logit row.

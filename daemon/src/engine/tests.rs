@@ -192,6 +192,35 @@ fn a_prompt_that_extends_an_earlier_one_reuses_its_blocks() {
 }
 
 #[test]
+fn prompts_sent_together_compute_their_shared_prefix_once() {
+    let (engine, computed) = engine(true);
+    let n_prompt = engine.tokenizer().encode(PROMPT, true, false).len();
+    // Keep the engine stepping, so that the four arrive between two steps, together.
+    let busy = submit(&engine, 1, "something else entirely", 200);
+    std::thread::sleep(Duration::from_millis(20));
+    let before = computed.load(Ordering::SeqCst);
+    let streams: Vec<_> = (0..4).map(|i| submit(&engine, 10 + i, PROMPT, 6)).collect();
+    let answers: Vec<Vec<u32>> = streams.into_iter().map(|s| collect(s).0).collect();
+    let during = computed.load(Ordering::SeqCst) - before;
+    let (_, _, busy_done) = collect(busy);
+    assert!(answers.windows(2).all(|w| w[0] == w[1]));
+
+    // The first computes the prompt; the others wait for its blocks and compute only
+    // the rest. (Of the busy request, at most one token a step ran meanwhile.)
+    let reused = (n_prompt - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
+    let expected = n_prompt + 3 * (n_prompt - reused) + 4 * 5;
+    let busy_tokens = busy_done.usage.completion_tokens as usize;
+    assert!(
+        during >= expected && during <= expected + busy_tokens,
+        "computed {during}, expected {expected} plus the busy request's decodes"
+    );
+    assert!(
+        during < 2 * n_prompt,
+        "the prompt was computed more than once"
+    );
+}
+
+#[test]
 fn without_the_prefix_cache_every_prompt_is_computed_in_full() {
     let (engine, computed) = engine(false);
     let (first, _, done) = generate(&engine, 1, PROMPT, 6);
