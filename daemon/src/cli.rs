@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// Tokens per forward step, decodes plus prompt chunks [default: 512].
     #[arg(long)]
     pub step_tokens: Option<usize>,
+    /// While streams are decoding, feed long prompts in chunks that keep a step to about
+    /// this many milliseconds (sized from what recent steps cost), so the streams are
+    /// not stalled behind them [default: 100]; 0 always takes --step-tokens.
+    #[arg(long, value_name = "MS")]
+    pub step_target_ms: Option<f64>,
     /// Chat template file replacing the model's own.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
@@ -156,6 +161,7 @@ impl ServeArgs {
             max_running: self.max_running.or(file.max_running),
             max_queued: self.max_queued.or(file.max_queued),
             step_tokens: self.step_tokens.or(file.step_tokens),
+            step_target_ms: self.step_target_ms.or(file.step_target_ms),
             max_per_uid: self.max_per_uid.or(file.max_per_uid),
             chat_template: self.chat_template.or(file.chat_template),
             max_frame_bytes: self.max_frame_bytes.or(file.max_frame_bytes),

@@ -155,6 +155,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.max_running = args.max_running.unwrap_or(cfg.max_running);
     cfg.max_queued = args.max_queued.unwrap_or(cfg.max_queued);
     cfg.step_tokens = args.step_tokens.unwrap_or(cfg.step_tokens);
+    if let Some(ms) = args.step_target_ms {
+        anyhow::ensure!(
+            (0.0..=60_000.0).contains(&ms),
+            "--step-target-ms {ms:?}: expected a number of milliseconds from 0 up to 60000"
+        );
+        cfg.step_target = (ms > 0.0).then(|| Duration::from_secs_f64(ms / 1e3));
+    }
     cfg.max_per_uid = args.max_per_uid;
     cfg.keep_jobs = args.keep_jobs.unwrap_or(cfg.keep_jobs);
     cfg.prefix_cache = args.prefix_cache.unwrap_or(cfg.prefix_cache);

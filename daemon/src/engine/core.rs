@@ -15,7 +15,7 @@ use crate::model::{Model, SeqInput, BLOCK_TOKENS};
 use crate::text::Tokenizer;
 
 use super::jobs::Shared;
-use super::scheduler::{plan_step, Pending};
+use super::scheduler::{plan_step, Pending, StepPacer};
 use super::sequence::Sequence;
 use super::ConnId;
 
@@ -55,6 +55,9 @@ pub struct EngineLimits {
     pub step_tokens: usize,
     /// Reuse the KV blocks of earlier prompts that start the same way.
     pub prefix_cache: bool,
+    /// How long a step carrying decodes should take: prompt chunks are sized to it.
+    /// `None`: every step takes `step_tokens`.
+    pub step_target: Option<Duration>,
 }
 
 pub struct EngineCore {
@@ -70,6 +73,7 @@ pub struct EngineCore {
     /// Requests accepted by the handle and not yet retired (the handle's busy check).
     in_flight: Arc<AtomicUsize>,
     fault: FaultHook,
+    pacer: StepPacer,
 }
 
 /// The state of the `SPARKD_FAULT_*` test hooks.
@@ -144,7 +148,6 @@ impl EngineCore {
             model,
             tokenizer,
             backend,
-            limits,
             waiting: VecDeque::new(),
             running: Vec::new(),
             commands,
@@ -152,6 +155,8 @@ impl EngineCore {
             shutdown: None,
             in_flight,
             fault: FaultHook::from_env(),
+            pacer: StepPacer::new(limits.step_target),
+            limits,
         }
     }
 
@@ -290,11 +295,22 @@ impl EngineCore {
                 tokens: s.tokens.len() - s.n_cached,
             })
             .collect();
-        let mut take = plan_step(&pending, self.limits.step_tokens);
+        let decoding = pending.iter().filter(|p| p.tokens == 1).count();
+        let budget = self.pacer.budget(self.limits.step_tokens, decoding);
+        let mut take = plan_step(&pending, budget);
         self.reserve_or_preempt(&mut take);
         if take.iter().all(|&t| t == 0) {
             return;
         }
+        let step_tokens: usize = take.iter().sum();
+        // `take` follows `running` (preemption removed the same entries from both).
+        let prompt_tokens: usize = self
+            .running
+            .iter()
+            .zip(&take)
+            .filter(|(s, _)| s.tokens.len() - s.n_cached > 1)
+            .map(|(_, &n)| n)
+            .sum();
 
         let batch: Vec<SeqInput<'_>> = self
             .running
@@ -328,6 +344,7 @@ impl EngineCore {
             }
         };
         self.shared.record_step(elapsed);
+        self.pacer.record(step_tokens, prompt_tokens, elapsed);
 
         // The sequences that pick a token now, by index in `running`, and their rows.
         let mut picking: Vec<(usize, usize)> = Vec::new();

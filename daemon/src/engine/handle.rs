@@ -26,6 +26,10 @@ use super::core::{Command, EngineCore, EngineLimits, EngineParts};
 use super::jobs::{unix_ms, Shared};
 use super::sequence::{SeqTimings, Sequence};
 
+/// How long a step that carries decodes should take by default: a decoding stream
+/// waits at most about this long for its next token while long prompts are absorbed.
+pub const DEFAULT_STEP_TARGET_MS: u64 = 100;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// The name clients use for the model (`GenerateRequest::model`).
@@ -46,6 +50,9 @@ pub struct EngineConfig {
     pub chat_template: Option<String>,
     /// Reuse the KV blocks of earlier prompts that start the same way.
     pub prefix_cache: bool,
+    /// How long a step carrying decodes should take (prompt chunks are sized to it);
+    /// `None`: chunks of `step_tokens`.
+    pub step_target: Option<Duration>,
 }
 
 impl EngineConfig {
@@ -62,6 +69,7 @@ impl EngineConfig {
             keep_jobs: 1000,
             chat_template: None,
             prefix_cache: true,
+            step_target: Some(Duration::from_millis(DEFAULT_STEP_TARGET_MS)),
         }
     }
 }
@@ -164,6 +172,7 @@ impl EngineHandle {
                 max_running: config.max_running.max(1),
                 step_tokens: config.step_tokens.max(1),
                 prefix_cache: config.prefix_cache,
+                step_target: config.step_target,
             },
         };
         let core = EngineCore::new(parts, rx, shared.clone(), in_flight.clone());

@@ -2,7 +2,7 @@
 //! server uses, with a backend that counts the tokens each step computes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
@@ -15,17 +15,34 @@ use crate::gguf::GgufFile;
 use crate::model::synth::{synth_gguf, SynthSpec};
 use crate::model::{BlockPool, Model, SeqInput, BLOCK_TOKENS};
 
-/// The CPU backend, counting the tokens that forward steps compute.
+/// The CPU backend, counting the tokens that forward steps compute and noting each
+/// step's shape. With `cost_per_token`, a step reports that much per token as its
+/// duration instead of the measured one: a clock the pacer's tests can count on.
 struct Counting {
     inner: CpuBackend,
     computed: Arc<AtomicUsize>,
+    steps: Arc<Mutex<Vec<StepShape>>>,
+    cost_per_token: Option<Duration>,
+}
+
+/// One forward step as the backend saw it.
+#[derive(Debug, Clone, Copy)]
+struct StepShape {
+    /// Rows of one token (decodes, or the last token of a prompt).
+    single_rows: usize,
+    tokens: usize,
 }
 
 impl Backend for Counting {
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Duration, BackendError> {
         let n: usize = batch.iter().map(|s| s.tokens.len()).sum();
         self.computed.fetch_add(n, Ordering::SeqCst);
-        self.inner.forward(batch)
+        self.steps.lock().unwrap().push(StepShape {
+            single_rows: batch.iter().filter(|s| s.tokens.len() == 1).count(),
+            tokens: n,
+        });
+        let measured = self.inner.forward(batch)?;
+        Ok(self.cost_per_token.map_or(measured, |c| c * n as u32))
     }
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         self.inner.logits_mut(i)
@@ -47,26 +64,46 @@ impl Backend for Counting {
     }
 }
 
+/// What a test can see of the engine's backend.
+struct Probe {
+    computed: Arc<AtomicUsize>,
+    steps: Arc<Mutex<Vec<StepShape>>>,
+}
+
 /// An engine on the tiny model and the counter of its computed tokens.
 fn engine(prefix_cache: bool) -> (Arc<EngineHandle>, Arc<AtomicUsize>) {
     engine_with_kv(prefix_cache, 64)
 }
 
 fn engine_with_kv(prefix_cache: bool, kv_blocks: usize) -> (Arc<EngineHandle>, Arc<AtomicUsize>) {
-    let bytes = synth_gguf(&SynthSpec::tiny()).expect("synth").to_bytes();
-    let file = GgufFile::from_bytes(bytes).expect("parse synth");
-    let model = Arc::new(Model::from_file(file, std::path::Path::new("tiny.gguf")).expect("load"));
-    let computed = Arc::new(AtomicUsize::new(0));
-    let backend = Counting {
-        inner: CpuBackend::new(model.clone(), kv_blocks * BLOCK_TOKENS, 1),
-        computed: computed.clone(),
-    };
     let config = EngineConfig {
         prefix_cache,
         ..EngineConfig::new("tiny")
     };
+    let (engine, probe) = engine_with(config, kv_blocks, None);
+    (engine, probe.computed)
+}
+
+fn engine_with(
+    config: EngineConfig,
+    kv_blocks: usize,
+    cost_per_token: Option<Duration>,
+) -> (Arc<EngineHandle>, Probe) {
+    let bytes = synth_gguf(&SynthSpec::tiny()).expect("synth").to_bytes();
+    let file = GgufFile::from_bytes(bytes).expect("parse synth");
+    let model = Arc::new(Model::from_file(file, std::path::Path::new("tiny.gguf")).expect("load"));
+    let probe = Probe {
+        computed: Arc::new(AtomicUsize::new(0)),
+        steps: Arc::new(Mutex::new(Vec::new())),
+    };
+    let backend = Counting {
+        inner: CpuBackend::new(model.clone(), kv_blocks * BLOCK_TOKENS, 1),
+        computed: probe.computed.clone(),
+        steps: probe.steps.clone(),
+        cost_per_token,
+    };
     let handle = EngineHandle::start_with_backend(model, Box::new(backend), config).expect("start");
-    (handle, computed)
+    (handle, probe)
 }
 
 /// Queues one greedy raw-text generation; its events come on the receiver.
@@ -76,6 +113,16 @@ fn submit(
     text: &str,
     max_tokens: u32,
 ) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
+    submit_with(engine, id, text, max_tokens, SamplingParams::default())
+}
+
+fn submit_with(
+    engine: &EngineHandle,
+    id: u64,
+    text: &str,
+    max_tokens: u32,
+    sampling: SamplingParams,
+) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenerateRequest {
         id,
@@ -84,7 +131,7 @@ fn submit(
             text: text.into(),
             special: false,
         },
-        sampling: SamplingParams::default(),
+        sampling,
         max_tokens: Some(max_tokens),
         stop: Vec::new(),
         logprobs: None,
@@ -260,4 +307,52 @@ fn sequences_preempted_for_lack_of_kv_blocks_still_give_their_own_tokens() {
         }
         assert_eq!(tight.status().kv_blocks_used, 0);
     }
+}
+
+#[test]
+fn prompt_chunks_beside_decoding_streams_fit_the_step_target() {
+    // Each token "costs" 1 ms, so a 24 ms target fits 24 tokens a step.
+    let config = EngineConfig {
+        prefix_cache: false,
+        step_target: Some(Duration::from_millis(24)),
+        ..EngineConfig::new("tiny")
+    };
+    let (engine, probe) = engine_with(config, 64, Some(Duration::from_millis(1)));
+    // Alone, a prompt goes in one step: nothing decodes beside it.
+    let (_, _, first) = generate(&engine, 1, PROMPT, 2);
+    let n_prompt = first.usage.prompt_tokens as usize;
+    assert!(n_prompt > 48);
+    assert_eq!(probe.steps.lock().unwrap()[0].tokens, n_prompt);
+
+    // The same prompt while another stream decodes goes in chunks of the target. The
+    // stream cannot end early: its end-of-generation tokens are banned.
+    let tok = engine.tokenizer();
+    let never_end = SamplingParams {
+        logit_bias: (0..tok.vocab_size() as u32)
+            .filter(|&t| tok.is_eog(t))
+            .map(|t| (t, f32::NEG_INFINITY))
+            .collect(),
+        ..Default::default()
+    };
+    let mut decoding = submit_with(&engine, 2, "a stream", 300, never_end);
+    assert!(matches!(
+        decoding.blocking_recv(),
+        Some(ServerMessage::Token(_))
+    ));
+    let steps_before = probe.steps.lock().unwrap().len();
+    let (_, _, second) = generate(&engine, 3, PROMPT, 2);
+    let (_, _, stream) = collect(decoding);
+    assert_eq!(second.usage.prompt_tokens as usize, n_prompt);
+    assert_eq!(
+        stream.finish_reason,
+        FinishReason::Length,
+        "the stream was still decoding"
+    );
+    let steps = probe.steps.lock().unwrap()[steps_before..].to_vec();
+    let mixed: Vec<StepShape> = steps
+        .into_iter()
+        .filter(|s| s.single_rows >= 1 && s.tokens > s.single_rows)
+        .collect();
+    assert!(mixed.len() >= n_prompt / 24, "{mixed:?}");
+    assert!(mixed.iter().all(|s| s.tokens <= 24), "{mixed:?}");
 }
