@@ -92,6 +92,25 @@ pub fn models_dir() -> PathBuf {
     }
 }
 
+/// True when `asked` (a request's model: a name, or a path as `spark` sends it) names
+/// the model loaded as `name` from `path`: its name, its path, the path's file stem, or
+/// an absolute path to the same file.
+pub fn names_model(asked: &str, name: &str, path: &Path) -> bool {
+    let asked_path = Path::new(asked);
+    asked == name
+        || asked_path == path
+        || path.file_stem().is_some_and(|stem| stem == asked)
+        || (asked_path.is_absolute() && same_file(asked_path, path))
+}
+
+/// Both paths lead to one file (neither missing).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 pub fn known_model(name: &str) -> Option<&'static KnownModel> {
     KNOWN_MODELS
         .iter()
@@ -266,6 +285,27 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_is_named_by_its_name_path_stem_or_the_same_file() {
+        let dir = std::env::temp_dir().join(format!("sparkd-names-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let file = dir.join("tiny.gguf");
+        std::fs::write(&file, b"x").unwrap();
+        let names = |asked: &str| names_model(asked, "my-model", &file);
+        assert!(names("my-model"));
+        assert!(names("tiny"));
+        assert!(names(file.to_str().unwrap()));
+        let roundabout = dir.join("sub").join("..").join("tiny.gguf");
+        assert!(
+            names(roundabout.to_str().unwrap()),
+            "the same file by another path"
+        );
+        assert!(!names("other-model"));
+        assert!(!names("tiny.gguf"), "a relative path is not resolved here");
+        assert!(!names(dir.join("missing.gguf").to_str().unwrap()));
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn resolves_paths_names_and_refuses_unknown_names() {

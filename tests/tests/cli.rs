@@ -314,6 +314,18 @@ fn generations_answer_only_for_the_loaded_model() {
     let out = chat.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
     assert_eq!(text(&out.stderr).matches("unknown_model").count(), 1);
+
+    // Tokenize too: the loaded model by its path answers, another model is refused.
+    let out = spark(
+        &d.socket,
+        &["--model", model.to_str().unwrap(), "tokenize", "hi"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!out.stdout.is_empty());
+    let out = spark(&d.socket, &["--model", "llama-70b", "tokenize", "hi"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+    assert!(text(&out.stderr).contains("llama-70b"));
 }
 
 #[test]

@@ -3,7 +3,6 @@
 //! thread, so that a bad request is refused at once and the engine thread only ever
 //! sees work it can run.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
@@ -107,14 +106,6 @@ pub struct EngineHandle {
     started: Instant,
     report: Arc<dyn DeviceReport>,
     thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-/// Both paths lead to one file (neither missing).
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
 }
 
 fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
@@ -401,10 +392,7 @@ impl EngineHandle {
     /// its file by any path (`spark` sends a file's absolute path; the daemon may have
     /// been given a relative one).
     fn answers_to(&self, name: &str) -> bool {
-        name == self.config.model_name
-            || Path::new(name) == self.model.path
-            || self.model.path.file_stem().is_some_and(|s| s == name)
-            || (Path::new(name).is_absolute() && same_file(Path::new(name), &self.model.path))
+        spark_client::models::names_model(name, &self.config.model_name, &self.model.path)
     }
 
     pub fn model_info(&self) -> ModelInfo {

@@ -2,10 +2,12 @@
 
 use std::{
     io::{self, Read},
+    path::Path,
     process::ExitCode,
 };
 
 use anyhow::Context;
+use spark_client::{models, protocol::ErrorKind, ClientError};
 
 use crate::{
     connect::{self, Autostart},
@@ -35,6 +37,21 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         args.text
     };
     let client = connect::connect(global, Autostart::Never).await?;
+    // Tokenize requests name no model: check the one asked for here, as a generation
+    // would be checked by the daemon, rather than answer with another model's tokens.
+    if let Some(asked) = global.requested_model() {
+        let loaded = client.status().await?.model;
+        if !models::names_model(&asked, &loaded.name, Path::new(&loaded.path)) {
+            return Err(ClientError::InvalidRequest {
+                kind: ErrorKind::UnknownModel,
+                message: format!(
+                    "model `{asked}` is not loaded (this daemon serves `{}`)",
+                    loaded.name
+                ),
+            }
+            .into());
+        }
+    }
     let tokens = client.tokenize(&text, args.special).await?;
     if args.json {
         let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
