@@ -44,6 +44,12 @@ async fn main() -> anyhow::Result<()> {
     let mut stdout = std::io::stdout();
     while let Some(event) = generation.next().await {
         match event? {
+            GenerationEvent::Prefilled(prefill) => {
+                eprintln!(
+                    "prompt: {} tokens, {} from the daemon's cache",
+                    prefill.prompt_tokens, prefill.cached_tokens
+                );
+            }
             GenerationEvent::Token(token) => {
                 stdout.write_all(token.text.as_bytes())?;
                 stdout.flush()?;

@@ -226,17 +226,6 @@ impl Client {
     /// Books a job another engine served in the daemon's jobs list and returns the
     /// record as the list shows it. Needs a daemon speaking protocol 1.1 or later.
     pub async fn record_job(&self, job: ExternalJob) -> Result<JobRecord, ClientError> {
-        let welcome = &self.shared.welcome;
-        // An older daemon cannot decode the message and would close the connection.
-        if welcome.minor < 1 {
-            return Err(ClientError::VersionMismatch {
-                client: (PROTOCOL_MAJOR, PROTOCOL_MINOR),
-                daemon: format!(
-                    "protocol {}.{} (sparkd {}), which cannot record forwarded jobs (1.1 can)",
-                    welcome.major, welcome.minor, welcome.daemon_version
-                ),
-            });
-        }
         match self
             .request(|id| ClientMessage::RecordJob { id, job })
             .await?
@@ -268,6 +257,18 @@ impl Client {
     }
 
     fn send(&self, message: ClientMessage) -> Result<(), ClientError> {
+        // An older daemon cannot decode a newer message and would close the connection.
+        let welcome = &self.shared.welcome;
+        let needs = message.since_minor();
+        if needs > welcome.minor {
+            return Err(ClientError::VersionMismatch {
+                client: (PROTOCOL_MAJOR, PROTOCOL_MINOR),
+                daemon: format!(
+                    "protocol {}.{} (sparkd {}), which cannot take this request ({}.{needs} can)",
+                    welcome.major, welcome.minor, welcome.daemon_version, welcome.major
+                ),
+            });
+        }
         // The daemon closes the connection on an oversized frame, and the error it sends
         // may be lost while the rest of the frame is still being written: refuse here.
         let limit = self.shared.welcome.max_frame_bytes as usize;
@@ -314,6 +315,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Jobs { .. } => "Jobs",
         ServerMessage::Models { .. } => "Models",
         ServerMessage::Recorded { .. } => "Recorded",
+        ServerMessage::Prefilled(_) => "Prefilled",
     }
 }
 
@@ -453,6 +455,7 @@ impl Routes {
     fn deliver(&self, message: ServerMessage) {
         let id = match &message {
             ServerMessage::Token(event) => event.id,
+            ServerMessage::Prefilled(event) => event.id,
             ServerMessage::Done(event) => event.id,
             ServerMessage::Error(ErrorEvent { id: Some(id), .. }) => *id,
             ServerMessage::Tokens { id, .. }
@@ -464,21 +467,30 @@ impl Routes {
             ServerMessage::Welcome(_) | ServerMessage::Error(ErrorEvent { id: None, .. }) => return,
         };
         let mut state = self.lock();
-        if let ServerMessage::Token(event) = message {
-            // Tokens leave the route in place; anything else is the request's last frame.
-            match state.pending.get(&id) {
-                Some(Route::Generation(tx)) => {
-                    let _ = tx.send(Ok(GenerationEvent::Token(event)));
-                }
-                Some(Route::Reply(_)) => {
-                    if let Some(Route::Reply(tx)) = state.pending.remove(&id) {
-                        let _ = tx.send(Err(unexpected("reply", &ServerMessage::Token(event))));
+        let streamed = match message {
+            ServerMessage::Token(event) => Ok(GenerationEvent::Token(event)),
+            ServerMessage::Prefilled(event) => Ok(GenerationEvent::Prefilled(event)),
+            other => Err(other),
+        };
+        let message = match streamed {
+            // Events within a generation leave the route in place; anything else is the
+            // request's last frame.
+            Ok(event) => {
+                match state.pending.get(&id) {
+                    Some(Route::Generation(tx)) => {
+                        let _ = tx.send(Ok(event));
                     }
+                    Some(Route::Reply(_)) => {
+                        if let Some(Route::Reply(tx)) = state.pending.remove(&id) {
+                            let _ = tx.send(Err(unexpected("reply", &event.into_message())));
+                        }
+                    }
+                    None => {}
                 }
-                None => {}
+                return;
             }
-            return;
-        }
+            Err(last) => last,
+        };
         // Frames for requests nobody waits for any more (a dropped generation, a reply
         // to an abandoned call) are expected, and dropped.
         let Some(route) = state.pending.remove(&id) else {

@@ -12,15 +12,29 @@ use tokio::sync::mpsc;
 use crate::{
     client::Routes,
     error::ClientError,
-    protocol::{ClientMessage, DoneEvent, TokenEvent},
+    protocol::{ClientMessage, DoneEvent, PrefillEvent, ServerMessage, TokenEvent},
 };
 
 /// An event of a running generation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenerationEvent {
+    /// How the prompt was read, right before the first token (daemons speaking protocol
+    /// 1.2 or later; older ones never send it).
+    Prefilled(PrefillEvent),
     Token(TokenEvent),
     /// Always the last event.
     Done(DoneEvent),
+}
+
+impl GenerationEvent {
+    /// The wire message this event arrived as.
+    pub fn into_message(self) -> ServerMessage {
+        match self {
+            GenerationEvent::Prefilled(event) => ServerMessage::Prefilled(event),
+            GenerationEvent::Token(event) => ServerMessage::Token(event),
+            GenerationEvent::Done(event) => ServerMessage::Done(event),
+        }
+    }
 }
 
 /// The stream of one generation: any number of `Ok(Token)`, then exactly one final item,
@@ -74,6 +88,7 @@ impl Generation {
         while let Some(event) = self.next().await {
             match event? {
                 GenerationEvent::Token(token) => text.push_str(&token.text),
+                GenerationEvent::Prefilled(_) => {}
                 GenerationEvent::Done(done) => return Ok((text, done)),
             }
         }
@@ -90,9 +105,9 @@ impl Stream for Generation {
         }
         let item = match self.events.poll_recv(cx) {
             Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(GenerationEvent::Token(token)))) => {
-                return Poll::Ready(Some(Ok(GenerationEvent::Token(token))))
-            }
+            Poll::Ready(Some(Ok(
+                event @ (GenerationEvent::Token(_) | GenerationEvent::Prefilled(_)),
+            ))) => return Poll::Ready(Some(Ok(event))),
             Poll::Ready(Some(last)) => last,
             // The route was dropped without a final item: the connection ended.
             Poll::Ready(None) => Err(self.routes.closed_error()),

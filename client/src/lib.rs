@@ -18,6 +18,7 @@
 //! let mut generation = client.generate(request).await?;
 //! while let Some(event) = generation.next().await {
 //!     match event? {
+//!         GenerationEvent::Prefilled(p) => eprintln!("{} prompt tokens cached", p.cached_tokens),
 //!         GenerationEvent::Token(token) => print!("{}", token.text),
 //!         GenerationEvent::Done(done) => println!("\n{:?}", done.finish_reason),
 //!     }

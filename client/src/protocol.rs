@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 1;
+pub const PROTOCOL_MINOR: u16 = 2;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -95,6 +95,45 @@ pub enum ServerMessage {
         id: u64,
         job: JobRecord,
     },
+    /// A generation's prompt has been read: sent once, right before its first `Token`.
+    /// Since 1.2; the daemon sends it only to clients that announced 1.2 or later.
+    Prefilled(PrefillEvent),
+}
+
+impl ClientMessage {
+    /// The protocol minor version that introduced this message: a peer that announced
+    /// an older minor cannot decode it.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            ClientMessage::RecordJob { .. } => 1,
+            ClientMessage::Hello(_)
+            | ClientMessage::Generate(_)
+            | ClientMessage::Cancel { .. }
+            | ClientMessage::Tokenize { .. }
+            | ClientMessage::Status { .. }
+            | ClientMessage::Jobs { .. }
+            | ClientMessage::Models { .. } => 0,
+        }
+    }
+}
+
+impl ServerMessage {
+    /// The protocol minor version that introduced this message: a peer that announced
+    /// an older minor cannot decode it.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            ServerMessage::Recorded { .. } => 1,
+            ServerMessage::Prefilled(_) => 2,
+            ServerMessage::Welcome(_)
+            | ServerMessage::Token(_)
+            | ServerMessage::Done(_)
+            | ServerMessage::Error(_)
+            | ServerMessage::Tokens { .. }
+            | ServerMessage::Status { .. }
+            | ServerMessage::Jobs { .. }
+            | ServerMessage::Models { .. } => 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -274,6 +313,17 @@ pub struct Timings {
     /// Prompt tokens run through the model / prefill_ms: tokens taken from the daemon's
     /// prefix cache are not counted. `None` when no prompt was processed.
     pub prefill_tps: Option<f64>,
+}
+
+/// How a generation's prompt was read (protocol 1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillEvent {
+    pub id: u64,
+    /// The prompt's length in tokens, as the final `Usage` will count it.
+    pub prompt_tokens: u32,
+    /// How many of them the daemon took from its prefix cache instead of computing them
+    /// (at the admission that produced the first token).
+    pub cached_tokens: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

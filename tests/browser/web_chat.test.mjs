@@ -26,9 +26,10 @@ const { chromium } = require('playwright-core');
 
 /**
  * `33.5 tok/s · 60 tokens · 1.8 s to first token` (`—` when a figure is unknown); a
- * first token under a second has two significant digits (`0.26 s`, `0.030 s`).
+ * first token under a second has two significant digits (`0.26 s`, `0.030 s`); then
+ * `· 96 of 116 prompt tokens cached` when the daemon reused part of the prompt.
  */
-const STATS = /^(\d+\.\d|—) tok\/s · (\d+) tokens? · (\d+\.\d{1,4}|—) s to first token$/;
+const STATS = /^(\d+\.\d|—) tok\/s · (\d+) tokens? · (\d+\.\d{1,4}|—) s to first token( · (\d+) of (\d+) prompt tokens cached)?$/;
 /** How the daemon records a generation whose HTTP client went away or was cancelled. */
 const CANCELLED = ['Cancelled', 'Disconnected'];
 
@@ -157,6 +158,12 @@ try {
     const { text: streamed, usage } = parseStream((await (await response).body()).toString('utf8'));
     assert(await answerText(0) === streamed, `shown "${await answerText(0)}", streamed "${streamed}"`);
     assert(usage && usage.completion_tokens === firstCount, `usage ${JSON.stringify(usage)}`);
+    // The daemon says how much of the prompt it reused; the line tells it when any was.
+    const cached = usage.prompt_tokens_details?.cached_tokens;
+    assert(Number.isInteger(cached), `usage without prompt_tokens_details: ${JSON.stringify(usage)}`);
+    const shown = match[5] === undefined ? 0 : Number(match[5]);
+    assert(shown === cached && (cached === 0 || Number(match[6]) === usage.prompt_tokens),
+      `stats line "${line}" for usage ${JSON.stringify(usage)}`);
     const sent = chatBodies[0];
     assert(sent && sent.stream === true && sent.stream_options.include_usage === true,
       `request did not ask for a stream with usage: ${JSON.stringify(sent)}`);

@@ -98,6 +98,41 @@ fn json_events_parse_and_match_the_final_frame() {
 }
 
 #[test]
+fn a_repeated_prompt_says_how_much_came_from_the_prefix_cache() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    let prompt = "Tell me about the weather in a long and winding way, please. ".repeat(6);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--raw", "--max-tokens", "3"];
+        args.extend_from_slice(extra);
+        args.push(&prompt);
+        let out = spark(&d.socket, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    };
+    // The first time nothing is cached: the plain stats line.
+    let first = text(&run(&[]).stderr);
+    assert!(!first.contains("cached"), "{first:?}");
+    assert_eq!(parse_stats(first.trim()).1, 3);
+
+    // Asked again, every whole block of the prompt but its last token comes back.
+    let again = run(&["--json"]);
+    let done: serde_json::Value = text(&again.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .find(|e: &serde_json::Value| e["type"] == "done")
+        .expect("a done line");
+    let prompt_tokens = done["usage"]["prompt_tokens"].as_u64().unwrap();
+    let reused = (prompt_tokens - 1) / 16 * 16;
+    assert!(reused >= 48, "{prompt_tokens} prompt tokens");
+    assert_eq!(done["cached_tokens"].as_u64(), Some(reused), "{done}");
+
+    let third = text(&run(&[]).stderr);
+    let cached = format!(" · {reused} of {prompt_tokens} prompt tokens cached");
+    assert!(third.trim().ends_with(&cached), "{third:?}");
+    assert_eq!(parse_stats(third.trim()).1, 3);
+}
+
+#[test]
 fn jobs_lists_the_runs_with_their_numbers() {
     let d = Daemon::start(&tiny_model(), &[]);
     for n in ["5", "7"] {

@@ -174,6 +174,7 @@ async fn tokens_and_done(c: &spark_client::Client, req: GenerateRequest) -> (Vec
     let mut ids = Vec::new();
     while let Some(ev) = gen.next().await {
         match ev.expect("stream event") {
+            GenerationEvent::Prefilled(_) => {}
             GenerationEvent::Token(t) => ids.push(t.token),
             GenerationEvent::Done(done) => return (ids, done),
         }

@@ -46,6 +46,12 @@ async fn read_until_done(conn: &mut Conn, ids: &[u64]) -> HashMap<u64, Seen> {
     while seen.values().any(|s| s.done.is_none()) {
         let frame = conn.recv(PATIENCE).await.expect("frame");
         match frame {
+            ServerMessage::Prefilled(p) => {
+                let s = seen
+                    .get_mut(&p.id)
+                    .expect("Prefilled for a request we sent");
+                assert_eq!(s.tokens, 0, "Prefilled after a token of {}", p.id);
+            }
             ServerMessage::Token(t) => {
                 let s = seen.get_mut(&t.id).expect("token for a request we sent");
                 s.tokens += 1;
@@ -299,6 +305,10 @@ async fn a_daemon_killed_mid_stream_gives_disconnected_and_a_restart_serves_agai
         .unwrap();
     assert!(matches!(
         generation.next().await,
+        Some(Ok(GenerationEvent::Prefilled(_)))
+    ));
+    assert!(matches!(
+        generation.next().await,
         Some(Ok(GenerationEvent::Token(_)))
     ));
     d.signal(libc::SIGKILL);
@@ -441,6 +451,7 @@ async fn greedy_tokens(d: &Daemon) -> Vec<u32> {
     let mut tokens = Vec::new();
     while let Some(event) = generation.next().await {
         match event.unwrap() {
+            GenerationEvent::Prefilled(_) => {}
             GenerationEvent::Token(t) => tokens.push(t.token),
             GenerationEvent::Done(done) => {
                 assert_eq!(done.usage.completion_tokens as usize, tokens.len());

@@ -147,6 +147,7 @@ fn socket_activation_serves_a_client_that_connected_before_the_daemon_started() 
     let mut tokens = 0;
     let done = loop {
         match read_frame(&mut s).expect("frame") {
+            ServerMessage::Prefilled(_) => {}
             ServerMessage::Token(_) => tokens += 1,
             ServerMessage::Done(d) => break d,
             other => panic!("{other:?}"),
@@ -265,7 +266,7 @@ fn sighup_reloads_the_allow_list_and_limits_without_dropping_connections() {
                 std::fs::write(&config, "max_per_uid = 4\nallowed_uids = [65534]\n").unwrap();
                 d.signal(libc::SIGHUP);
             }
-            ServerMessage::Token(_) => {}
+            ServerMessage::Prefilled(_) | ServerMessage::Token(_) => {}
             ServerMessage::Done(done) => first_done = Some(done),
             other => panic!("{other:?}"),
         }

@@ -4,13 +4,16 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use crate::protocol::{
-    DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo, StatusReport,
-    TokenEvent,
+    DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo, PrefillEvent,
+    StatusReport, TokenEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendEvent {
+    /// How the prompt was read (cached tokens), before the first token; daemons older
+    /// than protocol 1.2 never send it.
+    Prefilled(PrefillEvent),
     Token(TokenEvent),
     /// Always the last event of a generation that was admitted.
     Done(DoneEvent),

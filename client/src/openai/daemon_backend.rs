@@ -101,6 +101,7 @@ fn backend_error(err: ClientError) -> BackendError {
 
 fn backend_event(event: GenerationEvent) -> BackendEvent {
     match event {
+        GenerationEvent::Prefilled(prefill) => BackendEvent::Prefilled(prefill),
         GenerationEvent::Token(token) => BackendEvent::Token(token),
         GenerationEvent::Done(done) => BackendEvent::Done(done),
     }

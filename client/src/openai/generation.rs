@@ -21,7 +21,7 @@ use super::response::{
     ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta, TextChoice,
     TextCompletion, Usage,
 };
-use crate::protocol::{DoneEvent, TokenEvent};
+use crate::protocol::{DoneEvent, PrefillEvent, TokenEvent};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -108,8 +108,10 @@ pub async fn collect(
     let mut text = String::new();
     let mut chat_logprobs = ChatLogprobs::default();
     let mut completion_logprobs = CompletionLogprobs::default();
+    let mut prefill = None;
     let done = loop {
         match events.next().await {
+            Some(Ok(BackendEvent::Prefilled(event))) => prefill = Some(event),
             Some(Ok(BackendEvent::Token(token))) => {
                 if meta.logprobs {
                     match meta.endpoint {
@@ -130,7 +132,7 @@ pub async fn collect(
     };
     metrics.record_done(&done);
     let reason = finish_reason(done.finish_reason).ok_or_else(engine_failed)?;
-    let usage = Usage::from_done(&done);
+    let usage = Usage::from_done(&done, prefill.as_ref());
     let body = match meta.endpoint {
         Endpoint::Chat => Json(ChatCompletion {
             id: meta.id,
@@ -179,6 +181,7 @@ pub fn stream(
         started: false,
         finished: false,
         chars: 0,
+        prefill: None,
     };
     let body = stream::unfold(state, |mut state| async move {
         let batch = state.next_batch().await?;
@@ -207,6 +210,8 @@ struct StreamState {
     finished: bool,
     /// Characters sent so far (completions' `text_offset`).
     chars: usize,
+    /// How the daemon read the prompt, for the final usage.
+    prefill: Option<PrefillEvent>,
 }
 
 impl StreamState {
@@ -228,6 +233,7 @@ impl StreamState {
             }
         }
         match self.events.next().await {
+            Some(Ok(BackendEvent::Prefilled(event))) => self.prefill = Some(event),
             Some(Ok(BackendEvent::Token(token))) => out.extend(self.token_event(&token)),
             Some(Ok(BackendEvent::Done(done))) => {
                 self.finished = true;
@@ -291,7 +297,7 @@ impl StreamState {
             Endpoint::Completion => self.text_event(String::new(), None, Some(reason)),
         });
         if self.meta.include_usage {
-            let usage = ChunkUsage::Final(Usage::from_done(done));
+            let usage = ChunkUsage::Final(Usage::from_done(done, self.prefill.as_ref()));
             out.push(match self.meta.endpoint {
                 Endpoint::Chat => json_event(&self.meta.chat_chunk(Vec::new(), usage)),
                 Endpoint::Completion => json_event(&self.meta.text_completion(Vec::new(), usage)),

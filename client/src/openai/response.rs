@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::protocol::{DoneEvent, FinishReason, TokenEvent};
+use crate::protocol::{DoneEvent, FinishReason, PrefillEvent, TokenEvent};
 
 /// `usage`: OpenAI's three counts plus this request's own engine timings (additive fields
 /// that OpenAI SDKs keep as extras). Timings are in milliseconds, rates in tokens/second.
@@ -22,14 +22,27 @@ pub struct Usage {
     pub prefill_ms: f64,
     pub decode_ms: f64,
     pub prefill_tps: Option<f64>,
+    /// OpenAI's own field: how many prompt tokens came from the daemon's prefix cache.
+    /// Left out when the daemon did not say (it had not read the prompt, or it is older
+    /// than protocol 1.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
 }
 
 impl Usage {
-    /// Always from the request's own `Done`, so concurrent requests never mix timings.
-    pub fn from_done(done: &DoneEvent) -> Self {
+    /// Always from the request's own events, so concurrent requests never mix timings.
+    pub fn from_done(done: &DoneEvent, prefill: Option<&PrefillEvent>) -> Self {
         let u = done.usage;
         let t = done.timings;
         Self {
+            prompt_tokens_details: prefill.map(|p| PromptTokensDetails {
+                cached_tokens: p.cached_tokens,
+            }),
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
@@ -250,7 +263,7 @@ mod tests {
 
     #[test]
     fn usage_copies_counts_and_timings() {
-        let usage = Usage::from_done(&done(7, 5, 12.5));
+        let usage = Usage::from_done(&done(7, 5, 12.5), None);
         assert_eq!(usage.total_tokens, 12);
         let json = serde_json::to_value(&usage).unwrap();
         assert_eq!(json["ttft_ms"], 12.5);
@@ -272,9 +285,11 @@ mod tests {
         assert!(absent.get("usage").is_none());
         let null = serde_json::to_value(chunk(ChunkUsage::pending(true))).unwrap();
         assert!(null.get("usage").is_some_and(|u| u.is_null()));
-        let full =
-            serde_json::to_value(chunk(ChunkUsage::Final(Usage::from_done(&done(1, 2, 3.0)))))
-                .unwrap();
+        let full = serde_json::to_value(chunk(ChunkUsage::Final(Usage::from_done(
+            &done(1, 2, 3.0),
+            None,
+        ))))
+        .unwrap();
         assert_eq!(full["usage"]["total_tokens"], 3);
     }
 

@@ -605,7 +605,10 @@ fn choose_tokens(
 /// `max_tokens` or the context.
 fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer, ctx: usize) {
     let now = Instant::now();
-    s.timings.first_token.get_or_insert(now);
+    if s.timings.first_token.is_none() {
+        s.timings.first_token = Some(now);
+        s.send_prefilled();
+    }
     s.timings.last_token = Some(now);
     s.tokens.push(token);
 

@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
-    DoneEvent, ErrorEvent, ErrorKind, FinishReason, ServerMessage, Timings, TokenEvent, Usage,
+    DoneEvent, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ServerMessage, Timings,
+    TokenEvent, Usage,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -113,6 +114,18 @@ impl Sequence {
     /// Sends a token event; a closed channel means the client has gone.
     pub fn send_token(&mut self, event: TokenEvent) {
         if self.events.send(ServerMessage::Token(event)).is_err() && self.finish.is_none() {
+            self.finish = Some(FinishReason::Disconnected);
+        }
+    }
+
+    /// Tells the client how its prompt was read; sent once, before the first token.
+    pub fn send_prefilled(&mut self) {
+        let event = PrefillEvent {
+            id: self.request_id,
+            prompt_tokens: self.n_prompt as u32,
+            cached_tokens: self.n_reused as u32,
+        };
+        if self.events.send(ServerMessage::Prefilled(event)).is_err() && self.finish.is_none() {
             self.finish = Some(FinishReason::Disconnected);
         }
     }

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
-    DoneEvent, FinishReason, GenerateRequest, PromptInput, SamplingParams, ServerMessage,
+    DoneEvent, FinishReason, GenerateRequest, PrefillEvent, PromptInput, SamplingParams,
+    ServerMessage,
 };
 
 use super::{ClientInfo, Engine, EngineConfig, EngineHandle, Submission};
@@ -148,13 +149,15 @@ fn submit_with(
     rx
 }
 
-/// A generation's tokens, text and final frame.
+/// A generation's tokens, text and final frame (of a stream that may have been read
+/// in part already).
 fn collect(
     mut events: tokio::sync::mpsc::UnboundedReceiver<ServerMessage>,
 ) -> (Vec<u32>, String, DoneEvent) {
     let (mut tokens, mut answer) = (Vec::new(), String::new());
     while let Some(msg) = events.blocking_recv() {
         match msg {
+            ServerMessage::Prefilled(_) => {}
             ServerMessage::Token(t) => {
                 tokens.push(t.token);
                 answer.push_str(&t.text);
@@ -173,7 +176,39 @@ fn generate(
     text: &str,
     max_tokens: u32,
 ) -> (Vec<u32>, String, DoneEvent) {
-    collect(submit(engine, id, text, max_tokens))
+    let (tokens, answer, done, _) = collect_with_prefill(submit(engine, id, text, max_tokens));
+    (tokens, answer, done)
+}
+
+/// As [`collect`], with the generation's `Prefilled` event, checked to come exactly
+/// once, right before the first token, and to agree with the final usage.
+fn collect_with_prefill(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<ServerMessage>,
+) -> (Vec<u32>, String, DoneEvent, Option<PrefillEvent>) {
+    let (mut tokens, mut answer, mut prefill) = (Vec::new(), String::new(), None);
+    while let Some(msg) = events.blocking_recv() {
+        match msg {
+            ServerMessage::Prefilled(p) => {
+                assert!(prefill.is_none(), "a second Prefilled: {p:?}");
+                assert!(tokens.is_empty(), "Prefilled after a token");
+                prefill = Some(p);
+            }
+            ServerMessage::Token(t) => {
+                assert!(prefill.is_some(), "a token before Prefilled");
+                tokens.push(t.token);
+                answer.push_str(&t.text);
+            }
+            ServerMessage::Done(done) => {
+                if let Some(p) = prefill {
+                    assert_eq!((p.id, p.prompt_tokens), (done.id, done.usage.prompt_tokens));
+                    assert!(p.cached_tokens < p.prompt_tokens);
+                }
+                return (tokens, answer, done, prefill);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    panic!("stream ended without Done");
 }
 
 const PROMPT: &str = "A long system prompt that many requests share, long enough to fill \
@@ -190,12 +225,14 @@ fn a_repeated_prompt_computes_only_what_the_cache_lacks() {
     assert_eq!(computed.load(Ordering::SeqCst), n_prompt + 5);
 
     let before = computed.load(Ordering::SeqCst);
-    let (again, _, done) = generate(&engine, 2, PROMPT, 6);
+    let (again, _, done, prefill) = collect_with_prefill(submit(&engine, 2, PROMPT, 6));
     assert_eq!(
         again, first,
         "greedy tokens must not change with a reused prefix"
     );
     let reused = (n_prompt - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
+    // The client is told what was reused.
+    assert_eq!(prefill.map(|p| p.cached_tokens as usize), Some(reused));
     assert_eq!(
         computed.load(Ordering::SeqCst) - before,
         n_prompt - reused + 5
@@ -272,9 +309,10 @@ fn without_the_prefix_cache_every_prompt_is_computed_in_full() {
     let (engine, computed) = engine(false);
     let (first, _, done) = generate(&engine, 1, PROMPT, 6);
     let n_prompt = done.usage.prompt_tokens as usize;
-    let (again, _, _) = generate(&engine, 2, PROMPT, 6);
+    let (again, _, _, prefill) = collect_with_prefill(submit(&engine, 2, PROMPT, 6));
     assert_eq!(again, first);
     assert_eq!(computed.load(Ordering::SeqCst), 2 * (n_prompt + 5));
+    assert_eq!(prefill.map(|p| p.cached_tokens), Some(0));
 }
 
 #[test]
@@ -335,6 +373,10 @@ fn prompt_chunks_beside_decoding_streams_fit_the_step_target() {
         ..Default::default()
     };
     let mut decoding = submit_with(&engine, 2, "a stream", 300, never_end);
+    assert!(matches!(
+        decoding.blocking_recv(),
+        Some(ServerMessage::Prefilled(_))
+    ));
     assert!(matches!(
         decoding.blocking_recv(),
         Some(ServerMessage::Token(_))

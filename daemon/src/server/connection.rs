@@ -142,6 +142,7 @@ pub(crate) async fn run(
         draining: false,
         generations: 0,
         max_backlog_frames: shared.max_backlog_frames,
+        peer_minor: hello.minor,
     };
     let end = connection.serve(&mut framed, &shutdown).await;
     if !connection.running.is_empty() {
@@ -233,6 +234,8 @@ struct Connection {
     draining: bool,
     generations: u64,
     max_backlog_frames: usize,
+    /// The minor version the client announced: newer messages would not decode there.
+    peer_minor: u16,
 }
 
 impl Connection {
@@ -408,6 +411,9 @@ impl Connection {
                 Err(_) => break,
             }
         }
+        // The engine reports to every client alike; what an older client cannot decode
+        // is left out here (only informational events are ever newer than 1.0).
+        batch.retain(|message| message.since_minor() <= self.peer_minor);
         for message in &batch {
             if let ServerMessage::Done(done) = message {
                 self.running.remove(&done.id);

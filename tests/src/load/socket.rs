@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
-    ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, ServerMessage,
+    ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, PrefillEvent,
+    ServerMessage,
 };
 
 use super::conn::Conn;
@@ -164,6 +165,7 @@ async fn run_one(
         return outcome;
     }
     let mut engine_error: Option<ErrorEvent> = None;
+    let mut prefill: Option<PrefillEvent> = None;
     loop {
         let frame = match conn.recv(timeout).await {
             Ok(frame) => frame,
@@ -174,7 +176,23 @@ async fn run_one(
             }
         };
         match frame {
+            ServerMessage::Prefilled(p) if p.id == req.id => {
+                if prefill.is_some() || outcome.tokens > 0 {
+                    outcome
+                        .violations
+                        .push(format!("Prefilled not once before the first token: {p:?}"));
+                }
+                if p.cached_tokens >= p.prompt_tokens {
+                    outcome
+                        .violations
+                        .push(format!("more of the prompt cached than it has: {p:?}"));
+                }
+                prefill = Some(p);
+            }
             ServerMessage::Token(t) if t.id == req.id => {
+                if prefill.is_none() {
+                    outcome.violations.push("a token before Prefilled".into());
+                }
                 outcome.tokens += 1;
                 outcome.ttft.get_or_insert_with(|| sent.elapsed());
                 if engine_error.is_some() {
@@ -218,6 +236,12 @@ async fn run_one(
                 engine_error = Some(e);
             }
             ServerMessage::Done(done) if done.id == req.id => {
+                if let Some(p) = prefill.filter(|p| p.prompt_tokens != done.usage.prompt_tokens) {
+                    outcome.violations.push(format!(
+                        "Prefilled counted {} prompt tokens, Done {}",
+                        p.prompt_tokens, done.usage.prompt_tokens
+                    ));
+                }
                 outcome.ending = match engine_error {
                     Some(error) => Ending::Failed { error, done },
                     None => Ending::Done(done),

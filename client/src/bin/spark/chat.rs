@@ -104,7 +104,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         match answer {
             Ok(outcome) => {
                 if let Some(done) = &outcome.done {
-                    output::dim_line(&format::stats_line(done));
+                    output::dim_line(&format::stats_line(done, outcome.prefill.as_ref()));
                 }
                 // A stopped answer stays in the history as far as it went: it was seen.
                 turns.push(ChatMessage::new("assistant", outcome.text));

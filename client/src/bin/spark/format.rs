@@ -1,10 +1,11 @@
 //! Human-readable renderings: the stats line, the jobs table, the status report.
 
-use spark_client::protocol::{DoneEvent, FinishReason, JobRecord, StatusReport};
+use spark_client::protocol::{DoneEvent, FinishReason, JobRecord, PrefillEvent, StatusReport};
 
-/// `33.5 tok/s · 60 tokens · 1.8 s to first token`, plus the finish reason when the
+/// `33.5 tok/s · 60 tokens · 1.8 s to first token`, plus how much of the prompt came
+/// from the daemon's prefix cache when any did, and the finish reason when the
 /// generation did not end normally.
-pub fn stats_line(done: &DoneEvent) -> String {
+pub fn stats_line(done: &DoneEvent, prefill: Option<&PrefillEvent>) -> String {
     let tps = done
         .timings
         .decode_tps
@@ -13,6 +14,13 @@ pub fn stats_line(done: &DoneEvent) -> String {
     let noun = if tokens == 1 { "token" } else { "tokens" };
     let ttft = done.timings.ttft_ms.map_or_else(|| "—".to_owned(), seconds);
     let mut line = format!("{tps} tok/s · {tokens} {noun} · {ttft} s to first token");
+    if let Some(p) = prefill.filter(|p| p.cached_tokens > 0) {
+        let of = p.prompt_tokens;
+        line.push_str(&format!(
+            " · {} of {of} prompt tokens cached",
+            p.cached_tokens
+        ));
+    }
     if !matches!(
         done.finish_reason,
         FinishReason::Stop | FinishReason::Length
@@ -241,9 +249,15 @@ mod tests {
 
     #[test]
     fn stats_line_has_the_documented_form() {
-        let line = stats_line(&done(Some(33.46), 60, Some(1849.0), FinishReason::Stop));
+        let line = stats_line(
+            &done(Some(33.46), 60, Some(1849.0), FinishReason::Stop),
+            None,
+        );
         assert_eq!(line, "33.5 tok/s · 60 tokens · 1.8 s to first token");
-        let line = stats_line(&done(Some(120.0), 512, Some(95.0), FinishReason::Length));
+        let line = stats_line(
+            &done(Some(120.0), 512, Some(95.0), FinishReason::Length),
+            None,
+        );
         assert_eq!(line, "120.0 tok/s · 512 tokens · 0.095 s to first token");
     }
 
@@ -269,10 +283,36 @@ mod tests {
 
     #[test]
     fn stats_line_without_rates() {
-        let line = stats_line(&done(None, 1, Some(260.0), FinishReason::Stop));
+        let line = stats_line(&done(None, 1, Some(260.0), FinishReason::Stop), None);
         assert_eq!(line, "— tok/s · 1 token · 0.26 s to first token");
-        let line = stats_line(&done(None, 0, None, FinishReason::Cancelled));
+        let line = stats_line(&done(None, 0, None, FinishReason::Cancelled), None);
         assert_eq!(line, "— tok/s · 0 tokens · — s to first token · cancelled");
+    }
+
+    #[test]
+    fn stats_line_tells_a_cached_prompt() {
+        let prefill = |cached_tokens| PrefillEvent {
+            id: 1,
+            prompt_tokens: 1228,
+            cached_tokens,
+        };
+        let finished = done(Some(210.0), 60, Some(36.0), FinishReason::Stop);
+        assert_eq!(
+            stats_line(&finished, Some(&prefill(1216))),
+            "210.0 tok/s · 60 tokens · 0.036 s to first token · 1216 of 1228 prompt tokens cached"
+        );
+        // Nothing cached (or an older daemon that does not say): the plain line.
+        for prefill in [Some(prefill(0)), None] {
+            assert_eq!(
+                stats_line(&finished, prefill.as_ref()),
+                "210.0 tok/s · 60 tokens · 0.036 s to first token"
+            );
+        }
+        let cancelled = done(None, 1, Some(36.0), FinishReason::Cancelled);
+        assert_eq!(
+            stats_line(&cancelled, Some(&prefill(16))),
+            "— tok/s · 1 token · 0.036 s to first token · 16 of 1228 prompt tokens cached · cancelled"
+        );
     }
 
     fn job(n: u64, estimated: bool, finished_unix_ms: u64) -> JobRecord {

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use spark_client::{
     kind_name,
-    protocol::{DoneEvent, JobRecord, Timings, TokenEvent, Usage},
+    protocol::{DoneEvent, JobRecord, PrefillEvent, Timings, TokenEvent, Usage},
     ClientError,
 };
 
@@ -20,6 +20,10 @@ pub enum Event<'a> {
         id: u64,
         finish_reason: &'static str,
         usage: &'a Usage,
+        /// Prompt tokens the daemon took from its prefix cache; left out when it did not
+        /// say (no token was generated, or the daemon is older than protocol 1.2).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cached_tokens: Option<u32>,
         timings: &'a Timings,
     },
     Error {
@@ -38,11 +42,12 @@ impl<'a> Event<'a> {
         }
     }
 
-    pub fn done(event: &'a DoneEvent) -> Self {
+    pub fn done(event: &'a DoneEvent, prefill: Option<&PrefillEvent>) -> Self {
         Event::Done {
             id: event.id,
             finish_reason: event.finish_reason.as_str(),
             usage: &event.usage,
+            cached_tokens: prefill.map(|p| p.cached_tokens),
             timings: &event.timings,
         }
     }
@@ -139,12 +144,22 @@ mod tests {
                 ..Timings::default()
             },
         };
-        let value: serde_json::Value = serde_json::from_str(&line(&Event::done(&done))).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_str(&line(&Event::done(&done, None))).unwrap();
         assert_eq!(value["type"], "done");
         assert_eq!(value["finish_reason"], "stop");
         assert_eq!(value["usage"]["completion_tokens"], 1);
         assert_eq!(value["timings"]["ttft_ms"], 12.5);
         assert!(value["timings"]["decode_tps"].is_null());
+        assert!(value.get("cached_tokens").is_none());
+        let prefill = PrefillEvent {
+            id: 3,
+            prompt_tokens: 5,
+            cached_tokens: 4,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&line(&Event::done(&done, Some(&prefill)))).unwrap();
+        assert_eq!(value["cached_tokens"], 4);
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let outcome = stream::stream(generation, mode, &mut interrupts).await?;
 
     if let (Mode::Text, Some(done)) = (mode, &outcome.done) {
-        output::dim_line(&format::stats_line(done));
+        output::dim_line(&format::stats_line(done, outcome.prefill.as_ref()));
     }
     Ok(exit::code(if outcome.interrupted {
         exit::INTERRUPTED

@@ -1,7 +1,10 @@
 //! Streaming one generation to stdout, with Ctrl-C handling shared by `run` and `chat`.
 
 use futures::StreamExt;
-use spark_client::{protocol::DoneEvent, ClientError, Generation, GenerationEvent};
+use spark_client::{
+    protocol::{DoneEvent, PrefillEvent},
+    ClientError, Generation, GenerationEvent,
+};
 use tokio::signal::unix::Signal;
 
 use crate::{json, output};
@@ -20,6 +23,9 @@ pub struct Outcome {
     pub text: String,
     /// `None` only when a second Ctrl-C abandoned the generation before its end.
     pub done: Option<DoneEvent>,
+    /// How the prompt was read; `None` before the first token or from a daemon older
+    /// than protocol 1.2.
+    pub prefill: Option<PrefillEvent>,
     /// Ctrl-C was pressed.
     pub interrupted: bool,
 }
@@ -49,6 +55,7 @@ pub async fn stream(
             }
         };
         match event {
+            Some(Ok(GenerationEvent::Prefilled(prefill))) => outcome.prefill = Some(prefill),
             Some(Ok(GenerationEvent::Token(token))) => {
                 match mode {
                     Mode::Text if terminal => output::out(&output::terminal_safe(&token.text))?,
@@ -60,7 +67,10 @@ pub async fn stream(
             Some(Ok(GenerationEvent::Done(done))) => {
                 match mode {
                     Mode::Text => end_line(&outcome.text)?,
-                    Mode::Json => output::out_line(&json::line(&json::Event::done(&done)))?,
+                    Mode::Json => output::out_line(&json::line(&json::Event::done(
+                        &done,
+                        outcome.prefill.as_ref(),
+                    )))?,
                 }
                 outcome.done = Some(done);
                 return Ok(outcome);

@@ -13,8 +13,8 @@ use crate::openai::{
     bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
 };
 use crate::protocol::{
-    DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo, PromptInput,
-    StatusReport, Timings, TokenEvent, TokenLogprobs, Usage,
+    DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo, PrefillEvent,
+    PromptInput, StatusReport, Timings, TokenEvent, TokenLogprobs, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -88,6 +88,12 @@ pub fn prompt_tokens(input: &PromptInput) -> u32 {
     chars as u32
 }
 
+/// The prompt tokens the fake "took from its cache": half, so that tests can tell the
+/// figure from the prompt's length.
+pub fn cached_tokens(prompt: u32) -> u32 {
+    prompt / 2
+}
+
 pub fn timings_for(prompt: u32, completion: u32) -> Timings {
     let decode_ms = 4.0 * f64::from(completion.saturating_sub(1));
     Timings {
@@ -135,10 +141,19 @@ impl FakeBackend {
         let limit = req
             .max_tokens
             .map_or(PIECES.len(), |m| (m as usize).min(PIECES.len()));
-        let mut events: Vec<Result<BackendEvent, BackendError>> = PIECES[..limit]
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Ok(BackendEvent::Token(token(id, i, p, req.logprobs))))
+        // Like the daemon: how the prompt was read, before the first token.
+        let prefill = BackendEvent::Prefilled(PrefillEvent {
+            id,
+            prompt_tokens: prompt,
+            cached_tokens: cached_tokens(prompt),
+        });
+        let mut events: Vec<Result<BackendEvent, BackendError>> = std::iter::once(Ok(prefill))
+            .chain(
+                PIECES[..limit]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| Ok(BackendEvent::Token(token(id, i, p, req.logprobs)))),
+            )
             .collect();
         let finish = if limit < PIECES.len() {
             FinishReason::Length

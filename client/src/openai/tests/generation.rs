@@ -6,7 +6,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::fake::{prompt_tokens, timings_for, Behaviour, TestServer, MODEL, PIECES};
+use super::fake::{
+    cached_tokens, prompt_tokens, timings_for, Behaviour, TestServer, MODEL, PIECES,
+};
 use super::{client, sse_chunks, sse_data};
 use crate::openai::RouterOptions;
 use crate::protocol::PromptInput;
@@ -40,6 +42,11 @@ fn assert_usage_matches(usage: &Value, content: &str, completion: u32) {
     assert_eq!(usage["prompt_tokens"], prompt, "{usage}");
     assert_eq!(usage["completion_tokens"], completion, "{usage}");
     assert_eq!(usage["total_tokens"], prompt + completion, "{usage}");
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        cached_tokens(prompt),
+        "{usage}"
+    );
     assert_eq!(usage["ttft_ms"].as_f64(), t.ttft_ms, "{usage}");
     assert_eq!(usage["decode_tps"].as_f64(), t.decode_tps, "{usage}");
     assert_eq!(usage["prefill_tps"].as_f64(), t.prefill_tps, "{usage}");

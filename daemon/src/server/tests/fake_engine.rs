@@ -8,8 +8,8 @@ use std::{
 };
 
 use spark_client::protocol::{
-    DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, ModelInfo, PromptInput,
-    ServerMessage, StatusReport, Timings, TokenEvent, TokenPiece, Usage,
+    DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, ModelInfo, PrefillEvent,
+    PromptInput, ServerMessage, StatusReport, Timings, TokenEvent, TokenPiece, Usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -20,10 +20,15 @@ pub const BUSY_PROMPT: &str = "please be busy";
 /// A prompt on which the fake fails mid-generation (an `Error`, then `Done{Error}`).
 pub const FAIL_PROMPT: &str = "please fail";
 pub const PROMPT_TOKENS: u32 = 3;
+/// Of which the fake "took from its cache".
+pub const PROMPT_CACHED_TOKENS: u32 = 2;
 
 pub struct FakeEngine {
     token_delay: Duration,
     token_text_bytes: usize,
+    /// Sends `Prefilled` before the first token, as the real engine does. Off by
+    /// default, so that most tests read plain token streams.
+    prefill: bool,
     state: Arc<Mutex<State>>,
 }
 
@@ -52,6 +57,17 @@ impl FakeEngine {
         Arc::new(Self {
             token_delay,
             token_text_bytes,
+            prefill: false,
+            state: Arc::default(),
+        })
+    }
+
+    /// Tells how each prompt was read (`Prefilled`) before its first token.
+    pub fn with_prefill(token_delay: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            token_delay,
+            token_text_bytes: 0,
+            prefill: true,
             state: Arc::default(),
         })
     }
@@ -164,6 +180,7 @@ impl Engine for FakeEngine {
         let total = request.max_tokens.unwrap_or(5);
         let delay = self.token_delay;
         let text_bytes = self.token_text_bytes;
+        let prefill = self.prefill;
         let shared = Arc::clone(&self.state);
         tokio::spawn(async move {
             let mut sent = 0;
@@ -186,6 +203,15 @@ impl Engine for FakeEngine {
                     let _ = events.send(ServerMessage::Error(error));
                     finish = FinishReason::Error;
                     break;
+                }
+                if n == 0 && prefill {
+                    // Like the engine: how the prompt was read, before the first token.
+                    let prefill = PrefillEvent {
+                        id,
+                        prompt_tokens: PROMPT_TOKENS,
+                        cached_tokens: PROMPT_CACHED_TOKENS,
+                    };
+                    let _ = events.send(ServerMessage::Prefilled(prefill));
                 }
                 let text = if text_bytes == 0 {
                     format!("t{n} ")

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use bytes::BufMut;
 use spark_client::protocol::{
-    ClientMessage, ErrorEvent, ErrorKind, FinishReason, ServerMessage, PROTOCOL_MAJOR,
-    PROTOCOL_MINOR,
+    ClientMessage, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ServerMessage,
+    PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 
 use super::{
-    fake_engine::{FakeEngine, BUSY_PROMPT, FAIL_PROMPT, PROMPT_TOKENS},
+    fake_engine::{FakeEngine, BUSY_PROMPT, FAIL_PROMPT, PROMPT_CACHED_TOKENS, PROMPT_TOKENS},
     hello, request, wait_until, Raw, TestServer,
 };
 
@@ -400,6 +400,44 @@ async fn newer_minor_version_is_welcome() {
     let mut raw = server.raw().await;
     raw.send(&hello(PROTOCOL_MAJOR, PROTOCOL_MINOR + 5)).await;
     assert!(matches!(raw.recv().await, Some(ServerMessage::Welcome(_))));
+}
+
+#[tokio::test]
+async fn prefilled_reaches_only_clients_that_can_decode_it() {
+    let server = TestServer::start(FakeEngine::with_prefill(Duration::ZERO)).await;
+    // A 1.2 client: told how the prompt was read, once, before the first token.
+    let mut current = server.raw().await;
+    current.send(&hello(PROTOCOL_MAJOR, 2)).await;
+    assert!(matches!(
+        current.recv().await,
+        Some(ServerMessage::Welcome(_))
+    ));
+    current
+        .send(&ClientMessage::Generate(request(1, "hi", 3)))
+        .await;
+    assert_eq!(
+        current.recv().await,
+        Some(ServerMessage::Prefilled(PrefillEvent {
+            id: 1,
+            prompt_tokens: PROMPT_TOKENS,
+            cached_tokens: PROMPT_CACHED_TOKENS,
+        }))
+    );
+    let (tokens, done) = read_generation(&mut current, 1).await;
+    assert_eq!((tokens.len(), done.usage.completion_tokens), (3, 3));
+
+    // A 1.1 client would fail to decode it: it gets tokens and the Done only.
+    let mut older = server.raw().await;
+    older.send(&hello(PROTOCOL_MAJOR, 1)).await;
+    assert!(matches!(
+        older.recv().await,
+        Some(ServerMessage::Welcome(_))
+    ));
+    older
+        .send(&ClientMessage::Generate(request(1, "hi", 3)))
+        .await;
+    let (tokens, done) = read_generation(&mut older, 1).await;
+    assert_eq!((tokens.len(), done.usage.completion_tokens), (3, 3));
 }
 
 #[tokio::test]

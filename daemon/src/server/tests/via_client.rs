@@ -9,7 +9,7 @@ use spark_client::{
 };
 
 use super::{
-    fake_engine::{FakeEngine, BUSY_PROMPT, FAIL_PROMPT},
+    fake_engine::{FakeEngine, BUSY_PROMPT, FAIL_PROMPT, PROMPT_CACHED_TOKENS, PROMPT_TOKENS},
     request, wait_until, TempDir, TestServer,
 };
 
@@ -31,6 +31,35 @@ async fn generation_streams_to_done() {
         (done.id, done.finish_reason, done.usage.completion_tokens),
         (id, FinishReason::Length, 3)
     );
+}
+
+#[tokio::test]
+async fn the_stream_tells_how_the_prompt_was_read_before_its_first_token() {
+    let server = TestServer::start(FakeEngine::with_prefill(Duration::from_millis(1))).await;
+    let client = server.client().await;
+    let id = client.next_request_id();
+    let events: Vec<GenerationEvent> = client
+        .generate(request(id, "hi", 2))
+        .await
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| match e {
+            GenerationEvent::Prefilled(p) => {
+                assert_eq!(
+                    (p.id, p.prompt_tokens, p.cached_tokens),
+                    (id, PROMPT_TOKENS, PROMPT_CACHED_TOKENS)
+                );
+                "prefilled"
+            }
+            GenerationEvent::Token(_) => "token",
+            GenerationEvent::Done(_) => "done",
+        })
+        .collect();
+    assert_eq!(kinds, ["prefilled", "token", "token", "done"]);
 }
 
 #[tokio::test]

@@ -2,13 +2,21 @@
 
 const DASH = '—';
 
-/** `33.5 tok/s · 60 tokens · 1.8 s to first token` from a chat completion's usage. */
+/**
+ * `33.5 tok/s · 60 tokens · 1.8 s to first token` from a chat completion's usage, plus
+ * `· 96 of 116 prompt tokens cached` when the daemon reused part of the prompt.
+ */
 export function statsLine(usage) {
   const tps = isNumber(usage.decode_tps) ? usage.decode_tps.toFixed(1) : DASH;
   const tokens = usage.completion_tokens;
   const noun = tokens === 1 ? 'token' : 'tokens';
   const ttft = isNumber(usage.ttft_ms) ? seconds(usage.ttft_ms) : DASH;
-  return `${tps} tok/s · ${tokens} ${noun} · ${ttft} s to first token`;
+  let line = `${tps} tok/s · ${tokens} ${noun} · ${ttft} s to first token`;
+  const cached = usage.prompt_tokens_details?.cached_tokens;
+  if (isNumber(cached) && cached > 0) {
+    line += ` · ${cached} of ${usage.prompt_tokens} prompt tokens cached`;
+  }
+  return line;
 }
 
 /** Milliseconds as seconds, as `spark run` writes them: `1.8`, `0.26`, `0.095`. */
