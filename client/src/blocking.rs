@@ -10,7 +10,9 @@ use tokio::runtime::Runtime;
 use crate::{
     error::ClientError,
     generation::GenerationEvent,
-    protocol::{DoneEvent, GenerateRequest, JobRecord, ModelInfo, StatusReport, TokenPiece},
+    protocol::{
+        CacheReport, DoneEvent, GenerateRequest, JobRecord, ModelInfo, StatusReport, TokenPiece,
+    },
 };
 
 pub struct Client {
@@ -56,6 +58,11 @@ impl Client {
 
     pub fn status(&self) -> Result<StatusReport, ClientError> {
         self.runtime.block_on(self.inner.status())
+    }
+
+    /// The prefix cache's state and totals (daemons speaking protocol 1.2 or later).
+    pub fn cache_status(&self) -> Result<CacheReport, ClientError> {
+        self.runtime.block_on(self.inner.cache_status())
     }
 
     pub fn jobs(&self, limit: u32) -> Result<Vec<JobRecord>, ClientError> {

@@ -25,8 +25,8 @@ use crate::{
     error::ClientError,
     generation::{Generation, GenerationEvent},
     protocol::{
-        ClientMessage, ErrorEvent, ErrorKind, ExternalJob, GenerateRequest, Hello, JobRecord,
-        ModelInfo, ServerMessage, StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR,
+        CacheReport, ClientMessage, ErrorEvent, ErrorKind, ExternalJob, GenerateRequest, Hello,
+        JobRecord, ModelInfo, ServerMessage, StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR,
         PROTOCOL_MINOR,
     },
 };
@@ -208,6 +208,15 @@ impl Client {
         }
     }
 
+    /// The prefix cache's state and totals. Needs a daemon speaking protocol 1.2 or
+    /// later (an older one gives `VersionMismatch`, and the connection stays usable).
+    pub async fn cache_status(&self) -> Result<CacheReport, ClientError> {
+        match self.request(|id| ClientMessage::CacheStatus { id }).await? {
+            ServerMessage::CacheStatus { cache, .. } => Ok(cache),
+            other => Err(unexpected("CacheStatus", &other)),
+        }
+    }
+
     /// The most recent finished jobs, newest first, at most `limit`.
     pub async fn jobs(&self, limit: u32) -> Result<Vec<JobRecord>, ClientError> {
         match self.request(|id| ClientMessage::Jobs { id, limit }).await? {
@@ -316,6 +325,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Models { .. } => "Models",
         ServerMessage::Recorded { .. } => "Recorded",
         ServerMessage::Prefilled(_) => "Prefilled",
+        ServerMessage::CacheStatus { .. } => "CacheStatus",
     }
 }
 
@@ -462,7 +472,8 @@ impl Routes {
             | ServerMessage::Status { id, .. }
             | ServerMessage::Jobs { id, .. }
             | ServerMessage::Models { id, .. }
-            | ServerMessage::Recorded { id, .. } => *id,
+            | ServerMessage::Recorded { id, .. }
+            | ServerMessage::CacheStatus { id, .. } => *id,
             // A second Welcome, or a connection error (handled by the caller): no route.
             ServerMessage::Welcome(_) | ServerMessage::Error(ErrorEvent { id: None, .. }) => return,
         };

@@ -52,6 +52,11 @@ pub enum ClientMessage {
         id: u64,
         job: ExternalJob,
     },
+    /// The prefix cache's state and totals. Since 1.2; the daemon answers
+    /// `CacheStatus`.
+    CacheStatus {
+        id: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -98,6 +103,11 @@ pub enum ServerMessage {
     /// A generation's prompt has been read: sent once, right before its first `Token`.
     /// Since 1.2; the daemon sends it only to clients that announced 1.2 or later.
     Prefilled(PrefillEvent),
+    /// The answer to `ClientMessage::CacheStatus`. Since 1.2.
+    CacheStatus {
+        id: u64,
+        cache: CacheReport,
+    },
 }
 
 impl ClientMessage {
@@ -106,6 +116,7 @@ impl ClientMessage {
     pub fn since_minor(&self) -> u16 {
         match self {
             ClientMessage::RecordJob { .. } => 1,
+            ClientMessage::CacheStatus { .. } => 2,
             ClientMessage::Hello(_)
             | ClientMessage::Generate(_)
             | ClientMessage::Cancel { .. }
@@ -123,7 +134,7 @@ impl ServerMessage {
     pub fn since_minor(&self) -> u16 {
         match self {
             ServerMessage::Recorded { .. } => 1,
-            ServerMessage::Prefilled(_) => 2,
+            ServerMessage::Prefilled(_) | ServerMessage::CacheStatus { .. } => 2,
             ServerMessage::Welcome(_)
             | ServerMessage::Token(_)
             | ServerMessage::Done(_)
@@ -404,6 +415,24 @@ pub struct StatusReport {
     pub requests_served: u64,
     pub tokens_generated: u64,
     pub prompt_tokens_processed: u64,
+}
+
+/// The daemon's prefix cache (protocol 1.2): what it holds now and what it saved since
+/// the daemon started. Blocks are `kv_block_tokens` positions each (see `StatusReport`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheReport {
+    /// `--prefix-cache on`. When off, every figure below is 0.
+    pub enabled: bool,
+    /// KV blocks holding a cached prefix, whether running requests hold them or not.
+    pub cached_blocks: u32,
+    /// Of those, the blocks no request holds: kept for later prompts, and the first to
+    /// give way when running requests need room.
+    pub idle_blocks: u32,
+    /// Cached blocks given up for room since the start.
+    pub evicted_blocks: u64,
+    /// Prompt tokens taken from the cache instead of computed, since the start (of
+    /// `StatusReport::prompt_tokens_processed`, which counts every prompt token).
+    pub prompt_tokens_reused: u64,
 }
 
 /// One finished generation as the daemon remembers it: counts and timings, never text.

@@ -130,6 +130,26 @@ fn a_repeated_prompt_says_how_much_came_from_the_prefix_cache() {
     let cached = format!(" · {reused} of {prompt_tokens} prompt tokens cached");
     assert!(third.trim().ends_with(&cached), "{third:?}");
     assert_eq!(parse_stats(third.trim()).1, 3);
+
+    // `spark status` adds up what the cache saved: twice `reused` of three prompts.
+    let out = spark(&d.socket, &["status", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let cache = &status["prefix_cache"];
+    assert_eq!(cache["enabled"], true, "{status}");
+    assert_eq!(cache["prompt_tokens_reused"].as_u64(), Some(2 * reused));
+    assert_eq!(
+        status["prompt_tokens_processed"].as_u64(),
+        Some(3 * prompt_tokens)
+    );
+    let out = spark(&d.socket, &["status"]);
+    let report = text(&out.stdout);
+    let line = format!(
+        "{} of {} prompt tokens reused",
+        2 * reused,
+        3 * prompt_tokens
+    );
+    assert!(report.contains(&line), "{report}");
 }
 
 #[test]

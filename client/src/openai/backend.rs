@@ -4,8 +4,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use crate::protocol::{
-    DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo, PrefillEvent,
-    StatusReport, TokenEvent,
+    CacheReport, DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo,
+    PrefillEvent, StatusReport, TokenEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -55,6 +55,14 @@ pub trait Backend: Send + Sync + 'static {
     fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>>;
     /// The most recent finished jobs, newest first, at most `limit`.
     fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>>;
+    /// The daemon's prefix cache (daemons speaking protocol 1.2 or later).
+    fn cache_status(&self) -> BoxFuture<'_, Result<CacheReport, BackendError>> {
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "this backend keeps no prefix cache".into(),
+            ))
+        })
+    }
     /// Books a job an upstream engine served in the daemon's jobs list (see `proxy`).
     fn record_job(&self, _job: ExternalJob) -> BoxFuture<'_, Result<JobRecord, BackendError>> {
         Box::pin(async {

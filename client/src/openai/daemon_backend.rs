@@ -9,7 +9,9 @@ use futures::stream::StreamExt;
 use tokio::sync::Mutex;
 
 use super::backend::{Backend, BackendError, BackendEvent, EventStream};
-use crate::protocol::{ExternalJob, GenerateRequest, JobRecord, ModelInfo, StatusReport};
+use crate::protocol::{
+    CacheReport, ExternalJob, GenerateRequest, JobRecord, ModelInfo, StatusReport,
+};
 use crate::{Client, ClientError, GenerationEvent};
 
 /// Talks to the daemon on `socket_path`. All HTTP requests share one multiplexed
@@ -131,6 +133,10 @@ impl Backend for DaemonBackend {
 
     fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>> {
         Box::pin(self.with_client(|client| async move { client.status().await }))
+    }
+
+    fn cache_status(&self) -> BoxFuture<'_, Result<CacheReport, BackendError>> {
+        Box::pin(self.with_client(|client| async move { client.cache_status().await }))
     }
 
     fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {

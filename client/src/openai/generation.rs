@@ -130,7 +130,7 @@ pub async fn collect(
             None => return Err(closed_early()),
         }
     };
-    metrics.record_done(&done);
+    metrics.record_done(&done, prefill.as_ref());
     let reason = finish_reason(done.finish_reason).ok_or_else(engine_failed)?;
     let usage = Usage::from_done(&done, prefill.as_ref());
     let body = match meta.endpoint {
@@ -287,7 +287,7 @@ impl StreamState {
     }
 
     fn done_events(&mut self, done: &DoneEvent, out: &mut Vec<Event>) {
-        self.metrics.record_done(done);
+        self.metrics.record_done(done, self.prefill.as_ref());
         let Some(reason) = finish_reason(done.finish_reason) else {
             out.push(self.error_event(engine_failed()));
             return;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::protocol::{DoneEvent, StatusReport};
+use crate::protocol::{CacheReport, DoneEvent, PrefillEvent, StatusReport};
 
 /// Time to first token, seconds.
 const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
@@ -26,6 +26,8 @@ struct Inner {
     requests: BTreeMap<(String, u16), u64>,
     errors: BTreeMap<&'static str, u64>,
     prompt_tokens: u64,
+    /// Of `prompt_tokens`, those the daemon took from its prefix cache.
+    prompt_tokens_cached: u64,
     completion_tokens: u64,
     ttft_seconds: Histogram,
     decode_tps: Histogram,
@@ -37,6 +39,7 @@ impl Default for Inner {
             requests: BTreeMap::new(),
             errors: BTreeMap::new(),
             prompt_tokens: 0,
+            prompt_tokens_cached: 0,
             completion_tokens: 0,
             ttft_seconds: Histogram::new(TTFT_BUCKETS),
             decode_tps: Histogram::new(DECODE_TPS_BUCKETS),
@@ -114,10 +117,12 @@ impl Metrics {
         *self.lock().errors.entry(kind).or_insert(0) += 1;
     }
 
-    /// Books one finished generation's counts and timings.
-    pub fn record_done(&self, done: &DoneEvent) {
+    /// Books one finished generation's counts and timings, and how its prompt was read
+    /// when the daemon said.
+    pub fn record_done(&self, done: &DoneEvent, prefill: Option<&PrefillEvent>) {
         let mut inner = self.lock();
         inner.prompt_tokens += u64::from(done.usage.prompt_tokens);
+        inner.prompt_tokens_cached += prefill.map_or(0, |p| u64::from(p.cached_tokens));
         inner.completion_tokens += u64::from(done.usage.completion_tokens);
         if let Some(ttft_ms) = done.timings.ttft_ms {
             inner.ttft_seconds.observe(ttft_ms / 1000.0);
@@ -127,8 +132,9 @@ impl Metrics {
         }
     }
 
-    /// The exposition text; `status` is the daemon's answer at scrape time, if it answered.
-    pub fn render(&self, status: Option<&StatusReport>) -> String {
+    /// The exposition text; `status` and `cache` are the daemon's answers at scrape time,
+    /// if it answered (`cache` needs a daemon of protocol 1.2 or later).
+    pub fn render(&self, status: Option<&StatusReport>, cache: Option<&CacheReport>) -> String {
         let inner = self.lock();
         let mut out = String::new();
 
@@ -168,6 +174,17 @@ impl Metrics {
             out,
             "sparkd_openai_prompt_tokens_total {}",
             inner.prompt_tokens
+        );
+        header(
+            &mut out,
+            "sparkd_openai_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens of finished generations that the daemon took from its prefix cache.",
+        );
+        let _ = writeln!(
+            out,
+            "sparkd_openai_prompt_tokens_cached_total {}",
+            inner.prompt_tokens_cached
         );
         header(
             &mut out,
@@ -225,6 +242,54 @@ impl Metrics {
                 header(&mut out, name, "gauge", help);
                 let _ = writeln!(out, "{name} {value}");
             }
+            let counters = [
+                (
+                    "sparkd_prompt_tokens_total",
+                    "Prompt tokens of the daemon's finished generations, since it started.",
+                    s.prompt_tokens_processed,
+                ),
+                (
+                    "sparkd_generated_tokens_total",
+                    "Tokens the daemon generated, since it started.",
+                    s.tokens_generated,
+                ),
+            ];
+            for (name, help, value) in counters {
+                header(&mut out, name, "counter", help);
+                let _ = writeln!(out, "{name} {value}");
+            }
+        }
+        if let Some(c) = cache {
+            let figures = [
+                (
+                    "sparkd_prefix_cache_blocks",
+                    "gauge",
+                    "KV-cache blocks holding a cached prefix, held or idle.",
+                    u64::from(c.cached_blocks),
+                ),
+                (
+                    "sparkd_prefix_cache_idle_blocks",
+                    "gauge",
+                    "Cached blocks no running request holds.",
+                    u64::from(c.idle_blocks),
+                ),
+                (
+                    "sparkd_prefix_cache_evicted_blocks_total",
+                    "counter",
+                    "Cached blocks given up for room, since the daemon started.",
+                    c.evicted_blocks,
+                ),
+                (
+                    "sparkd_prompt_tokens_reused_total",
+                    "counter",
+                    "Prompt tokens taken from the prefix cache instead of computed, since the daemon started.",
+                    c.prompt_tokens_reused,
+                ),
+            ];
+            for (name, kind, help, value) in figures {
+                header(&mut out, name, kind, help);
+                let _ = writeln!(out, "{name} {value}");
+            }
         }
         out
     }
@@ -275,9 +340,9 @@ mod tests {
     #[test]
     fn histograms_are_cumulative() {
         let m = Metrics::default();
-        m.record_done(&done(20.0, 30.0)); // 0.02 s, 30 tok/s
-        m.record_done(&done(700.0, 3000.0)); // 0.7 s, past the last rate bucket
-        let text = m.render(None);
+        m.record_done(&done(20.0, 30.0), None); // 0.02 s, 30 tok/s
+        m.record_done(&done(700.0, 3000.0), None); // 0.7 s, past the last rate bucket
+        let text = m.render(None, None);
         assert_eq!(
             line_value(&text, "sparkd_openai_ttft_seconds_bucket{le=\"0.01\"}"),
             0.0
@@ -320,7 +385,7 @@ mod tests {
         m.record_request("/v1/models", 200);
         m.record_request("/v1/chat/completions", 429);
         m.record_error("busy");
-        let text = m.render(None);
+        let text = m.render(None, None);
         assert_eq!(
             line_value(
                 &text,

@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::generation::{self, Endpoint, ResponseMeta};
 use super::metrics::Metrics;
 use super::request::{self, ParsedRequest};
-use crate::protocol::{JobRecord, ModelInfo};
+use crate::protocol::{CacheReport, JobRecord, ModelInfo, StatusReport};
 
 /// Jobs returned by `/v1/jobs` when no `limit` is given, and the most it returns.
 const DEFAULT_JOBS_LIMIT: u32 = 100;
@@ -213,7 +213,11 @@ pub async fn health(State(state): State<AppState>) -> Response {
 
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let status = state.backend.status().await.ok();
-    let text = state.metrics.render(status.as_ref());
+    let cache = match status {
+        Some(_) => state.backend.cache_status().await.ok(),
+        None => None,
+    };
+    let text = state.metrics.render(status.as_ref(), cache.as_ref());
     (
         [(
             header::CONTENT_TYPE,
@@ -246,8 +250,23 @@ pub async fn jobs(
     .into_response())
 }
 
+/// `/v1/status`: the daemon's `StatusReport`, plus `prefix_cache` (null from a daemon
+/// older than protocol 1.2).
+#[derive(Debug, Serialize)]
+struct StatusBody {
+    #[serde(flatten)]
+    status: StatusReport,
+    prefix_cache: Option<CacheReport>,
+}
+
 pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(Json(state.backend.status().await?).into_response())
+    let status = state.backend.status().await?;
+    let prefix_cache = state.backend.cache_status().await.ok();
+    Ok(Json(StatusBody {
+        status,
+        prefix_cache,
+    })
+    .into_response())
 }
 
 pub async fn not_found() -> ApiError {

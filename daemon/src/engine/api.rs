@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use spark_client::protocol::{
-    ErrorEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo, ServerMessage,
-    StatusReport, TokenPiece,
+    CacheReport, ErrorEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo,
+    ServerMessage, StatusReport, TokenPiece,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -46,6 +46,8 @@ pub trait Engine: Send + Sync + 'static {
     fn cancel_connection(&self, conn: ConnId);
     fn tokenize(&self, text: &str, special: bool) -> Result<Vec<TokenPiece>, ErrorEvent>;
     fn status(&self) -> StatusReport;
+    /// The prefix cache's state and totals.
+    fn cache_status(&self) -> CacheReport;
     /// Most recent first, at most `limit`.
     fn jobs(&self, limit: usize) -> Vec<JobRecord>;
     fn models(&self) -> Vec<ModelInfo>;

@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::model::{Model, SeqInput, BLOCK_TOKENS};
 use crate::text::Tokenizer;
 
-use super::jobs::Shared;
+use super::jobs::{CacheLoad, Shared};
 use super::scheduler::{plan_step, Pending, StepPacer};
 use super::sequence::Sequence;
 use super::ConnId;
@@ -500,11 +500,18 @@ impl EngineCore {
     }
 
     fn publish(&self) {
+        let blocks = self.backend.blocks();
+        let cache = CacheLoad {
+            cached_blocks: blocks.cached_blocks(),
+            idle_blocks: blocks.idle_blocks(),
+            evicted_blocks: blocks.evicted_blocks(),
+        };
         self.shared.set_load(
             self.running.len(),
             self.waiting.len(),
             self.backend.kv_used_blocks(),
             self.backend.kv_total_blocks(),
+            cache,
         );
     }
 }

@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use spark_client::protocol::{
-    ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo,
-    PromptInput, StatusReport, TokenPiece,
+    CacheReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateRequest, JobRecord,
+    ModelInfo, PromptInput, StatusReport, TokenPiece,
 };
 
 use crate::backend::{Backend, CpuBackend, DeviceReport};
@@ -501,6 +501,17 @@ impl Engine for EngineHandle {
             requests_served: load.requests_served,
             tokens_generated: load.tokens_generated,
             prompt_tokens_processed: load.prompt_tokens,
+        }
+    }
+
+    fn cache_status(&self) -> CacheReport {
+        let load = self.shared.load();
+        CacheReport {
+            enabled: self.config.prefix_cache,
+            cached_blocks: load.cache.cached_blocks as u32,
+            idle_blocks: load.cache.idle_blocks as u32,
+            evicted_blocks: load.cache.evicted_blocks,
+            prompt_tokens_reused: load.prompt_tokens_reused,
         }
     }
 

@@ -18,7 +18,18 @@ pub struct Load {
     pub requests_served: u64,
     pub tokens_generated: u64,
     pub prompt_tokens: u64,
+    /// Of `prompt_tokens`, those taken from the prefix cache.
+    pub prompt_tokens_reused: u64,
     pub steps: u64,
+    pub cache: CacheLoad,
+}
+
+/// The prefix cache's figures as of the engine's last pass.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CacheLoad {
+    pub cached_blocks: usize,
+    pub idle_blocks: usize,
+    pub evicted_blocks: u64,
 }
 
 pub struct Shared {
@@ -61,12 +72,20 @@ impl Shared {
         *self.heartbeat.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn set_load(&self, running: usize, queued: usize, kv_used: usize, kv_total: usize) {
+    pub(crate) fn set_load(
+        &self,
+        running: usize,
+        queued: usize,
+        kv_used: usize,
+        kv_total: usize,
+        cache: CacheLoad,
+    ) {
         let mut l = self.load.lock().unwrap_or_else(|e| e.into_inner());
         l.running = running;
         l.queued = queued;
         l.kv_used = kv_used;
         l.kv_total = kv_total;
+        l.cache = cache;
         drop(l);
         *self.heartbeat.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
@@ -81,6 +100,7 @@ impl Shared {
             l.requests_served += 1;
             l.tokens_generated += done.usage.completion_tokens as u64;
             l.prompt_tokens += done.usage.prompt_tokens as u64;
+            l.prompt_tokens_reused += s.n_reused as u64;
         }
         let record = JobRecord {
             job: s.job,

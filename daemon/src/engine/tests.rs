@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
-    DoneEvent, FinishReason, GenerateRequest, PrefillEvent, PromptInput, SamplingParams,
-    ServerMessage,
+    CacheReport, DoneEvent, FinishReason, GenerateRequest, PrefillEvent, PromptInput,
+    SamplingParams, ServerMessage,
 };
 
 use super::{ClientInfo, Engine, EngineConfig, EngineHandle, Submission};
@@ -231,8 +231,26 @@ fn a_repeated_prompt_computes_only_what_the_cache_lacks() {
         "greedy tokens must not change with a reused prefix"
     );
     let reused = (n_prompt - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
-    // The client is told what was reused.
+    // The client is told what was reused, and so is `CacheStatus`: once the engine has
+    // published its figures after the second request, nothing runs and every cached
+    // block is idle.
     assert_eq!(prefill.map(|p| p.cached_tokens as usize), Some(reused));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let settled = |c: &CacheReport| c.idle_blocks == c.cached_blocks && c.cached_blocks > 0;
+    while !(engine.status().requests_served == 2 && settled(&engine.cache_status()))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cache = engine.cache_status();
+    assert!(cache.enabled);
+    assert_eq!(cache.prompt_tokens_reused as usize, reused);
+    assert!(
+        cache.cached_blocks as usize >= reused / BLOCK_TOKENS,
+        "{cache:?}"
+    );
+    assert_eq!(cache.idle_blocks, cache.cached_blocks);
+    assert_eq!(cache.evicted_blocks, 0);
     assert_eq!(
         computed.load(Ordering::SeqCst) - before,
         n_prompt - reused + 5

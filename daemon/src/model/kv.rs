@@ -61,6 +61,8 @@ pub struct BlockPool {
     /// Tables holding each block.
     holders: Vec<u32>,
     prefixes: PrefixIndex,
+    /// Cached blocks given up for room, since the pool was made.
+    evicted: u64,
 }
 
 impl BlockPool {
@@ -75,6 +77,7 @@ impl BlockPool {
             free,
             holders: vec![0; n_blocks],
             prefixes: PrefixIndex::new(n_blocks),
+            evicted: 0,
         }
     }
 
@@ -97,6 +100,16 @@ impl BlockPool {
         self.prefixes.cached_blocks()
     }
 
+    /// Cached blocks no table holds: the first to give way to a reservation.
+    pub fn idle_blocks(&self) -> usize {
+        self.prefixes.idle_blocks()
+    }
+
+    /// Cached blocks given up for room so far.
+    pub fn evicted_blocks(&self) -> u64 {
+        self.evicted
+    }
+
     /// Grows `table` to hold `positions` positions; all or nothing. Free blocks go
     /// first, then the cached blocks idle longest.
     pub fn reserve(&mut self, table: &mut BlockTable, positions: usize) -> Result<(), KvFull> {
@@ -107,7 +120,15 @@ impl BlockPool {
         }
         for _ in 0..needed {
             // Checked above: free and idle blocks number at least `needed`.
-            if let Some(b) = self.free.pop().or_else(|| self.prefixes.evict()) {
+            let b = match self.free.pop() {
+                Some(b) => Some(b),
+                None => {
+                    let evicted = self.prefixes.evict();
+                    self.evicted += u64::from(evicted.is_some());
+                    evicted
+                }
+            };
+            if let Some(b) = b {
                 self.holders[b as usize] = 1;
                 table.blocks.push(b);
             }
@@ -408,11 +429,13 @@ mod tests {
         let mut ta = computed(&mut pool, &a);
         pool.release(&mut ta);
         assert_eq!((pool.free_blocks(), pool.cached_blocks()), (4, 4));
+        assert_eq!((pool.idle_blocks(), pool.evicted_blocks()), (4, 0));
 
         // A new table needs one block: the prefix loses its last one.
         let mut other = BlockTable::default();
         pool.reserve(&mut other, 1).unwrap();
         assert_eq!(pool.cached_blocks(), 3);
+        assert_eq!((pool.idle_blocks(), pool.evicted_blocks()), (3, 1));
         let mut t = BlockTable::default();
         assert_eq!(pool.reuse_prefix(&mut t, &a), 3 * BLOCK_TOKENS);
         pool.release(&mut t);
@@ -422,6 +445,7 @@ mod tests {
         pool.release(&mut other);
         pool.reserve(&mut t, 4 * BLOCK_TOKENS).unwrap();
         assert_eq!(pool.cached_blocks(), 0, "all evicted for the new table");
+        assert_eq!(pool.evicted_blocks(), 5);
         pool.release(&mut t);
         assert_eq!(pool.reuse_prefix(&mut t, &a), 0);
         assert_eq!(pool.reuse_prefix(&mut t, &toks(BLOCK_TOKENS, 9)), 0);

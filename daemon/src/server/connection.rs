@@ -325,6 +325,12 @@ impl Connection {
                     models: self.engine.models(),
                 });
             }
+            ClientMessage::CacheStatus { id } => {
+                self.reply(ServerMessage::CacheStatus {
+                    id,
+                    cache: self.engine.cache_status(),
+                });
+            }
             ClientMessage::RecordJob { id, job } => {
                 self.reply(ServerMessage::Recorded {
                     id,

@@ -1,6 +1,8 @@
 //! Human-readable renderings: the stats line, the jobs table, the status report.
 
-use spark_client::protocol::{DoneEvent, FinishReason, JobRecord, PrefillEvent, StatusReport};
+use spark_client::protocol::{
+    CacheReport, DoneEvent, FinishReason, JobRecord, PrefillEvent, StatusReport,
+};
 
 /// `33.5 tok/s · 60 tokens · 1.8 s to first token`, plus how much of the prompt came
 /// from the daemon's prefix cache when any did, and the finish reason when the
@@ -112,9 +114,10 @@ pub fn jobs_table(jobs: &[JobRecord], now_ms: u64) -> String {
 }
 
 /// `spark status` as aligned `label  value` lines.
-pub fn status_text(status: &StatusReport) -> String {
+/// The `spark status` report; `cache` is `None` from a daemon older than protocol 1.2.
+pub fn status_text(status: &StatusReport, cache: Option<&CacheReport>) -> String {
     let model = &status.model;
-    let lines = [
+    let mut lines = vec![
         (
             "model",
             format!(
@@ -149,6 +152,9 @@ pub fn status_text(status: &StatusReport) -> String {
         ),
         ("version", format!("sparkd {}", status.daemon_version)),
     ];
+    if let Some(cache) = cache {
+        lines.insert(6, ("prefix cache", prefix_cache(status, cache)));
+    }
     let width = lines
         .iter()
         .map(|(label, _)| label.len())
@@ -159,6 +165,25 @@ pub fn status_text(status: &StatusReport) -> String {
         .map(|(label, value)| format!("{label:<width$}  {value}"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `21 blocks (336 tokens), 8 idle · 336 of 1000 prompt tokens reused (34%) · 5 evicted`.
+fn prefix_cache(status: &StatusReport, cache: &CacheReport) -> String {
+    if !cache.enabled {
+        return "off".into();
+    }
+    let tokens = u64::from(cache.cached_blocks) * u64::from(status.kv_block_tokens);
+    let prompt = status.prompt_tokens_processed;
+    let share = if prompt == 0 {
+        String::new()
+    } else {
+        let percent = cache.prompt_tokens_reused as f64 / prompt as f64 * 100.0;
+        format!(" ({percent:.0}%)")
+    };
+    format!(
+        "{} blocks ({tokens} tokens), {} idle · {} of {prompt} prompt tokens reused{share} · {} evicted",
+        cache.cached_blocks, cache.idle_blocks, cache.prompt_tokens_reused, cache.evicted_blocks
+    )
 }
 
 /// `250ms` below a second, `1.8s` above.
@@ -427,7 +452,27 @@ mod tests {
             tokens_generated: 5,
             prompt_tokens_processed: 6,
         };
-        let text = status_text(&status);
+        let text = status_text(&status, None);
+        assert!(!text.contains("prefix cache"), "{text}");
+        let cache = CacheReport {
+            enabled: true,
+            cached_blocks: 21,
+            idle_blocks: 8,
+            evicted_blocks: 5,
+            prompt_tokens_reused: 3,
+        };
+        let with_cache = status_text(&status, Some(&cache));
+        assert!(
+            with_cache.contains(
+                "prefix cache  21 blocks (336 tokens), 8 idle · 3 of 6 prompt tokens reused (50%) · 5 evicted"
+            ),
+            "{with_cache}"
+        );
+        let off = CacheReport {
+            enabled: false,
+            ..CacheReport::default()
+        };
+        assert!(status_text(&status, Some(&off)).contains("prefix cache  off"));
         for expected in [
             "smollm2-135m-instruct (llama, Q4_1, 135M params, ctx 8192)",
             "cpu · AMD EPYC (2 threads, avx2)",

@@ -2,6 +2,11 @@
 
 use std::process::ExitCode;
 
+use spark_client::{
+    protocol::{CacheReport, StatusReport},
+    ClientError,
+};
+
 use crate::{
     connect::{self, Autostart},
     exit, format, output, Global,
@@ -14,13 +19,32 @@ pub struct Args {
     pub json: bool,
 }
 
+/// `--json`: the daemon's `StatusReport`, plus `prefix_cache` (null from a daemon older
+/// than protocol 1.2), the same shape as the shim's `/v1/status`.
+#[derive(Debug, serde::Serialize)]
+struct StatusJson<'a> {
+    #[serde(flatten)]
+    status: &'a StatusReport,
+    prefix_cache: Option<&'a CacheReport>,
+}
+
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let client = connect::connect(global, Autostart::Never).await?;
     let status = client.status().await?;
+    let cache = match client.cache_status().await {
+        Ok(cache) => Some(cache),
+        // An older daemon: its report has everything but the cache.
+        Err(ClientError::VersionMismatch { .. }) => None,
+        Err(err) => return Err(err.into()),
+    };
     if args.json {
-        output::out_line(&serde_json::to_string_pretty(&status)?)?;
+        let json = StatusJson {
+            status: &status,
+            prefix_cache: cache.as_ref(),
+        };
+        output::out_line(&serde_json::to_string_pretty(&json)?)?;
     } else {
-        output::out_line(&format::status_text(&status))?;
+        output::out_line(&format::status_text(&status, cache.as_ref()))?;
     }
     Ok(exit::code(exit::OK))
 }

@@ -115,6 +115,7 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                     ClientMessage::Jobs { id, .. } => Some(ServerMessage::Jobs { id, jobs: Vec::new() }),
                     ClientMessage::Tokenize { id, .. } => Some(ServerMessage::Tokens { id, tokens: Vec::new() }),
                     ClientMessage::RecordJob { id, job } => Some(ServerMessage::Recorded { id, job: job.to_record(77, None, None) }),
+                    ClientMessage::CacheStatus { id } => Some(ServerMessage::CacheStatus { id, cache: super::fake::cache_report() }),
                 };
                 if let Some(reply) = reply {
                     if framed.send(reply).await.is_err() { return; }

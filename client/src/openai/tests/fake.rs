@@ -13,8 +13,8 @@ use crate::openai::{
     bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
 };
 use crate::protocol::{
-    DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo, PrefillEvent,
-    PromptInput, StatusReport, Timings, TokenEvent, TokenLogprobs, Usage,
+    CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo,
+    PrefillEvent, PromptInput, StatusReport, Timings, TokenEvent, TokenLogprobs, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -235,6 +235,16 @@ pub fn status_report() -> StatusReport {
     }
 }
 
+pub fn cache_report() -> CacheReport {
+    CacheReport {
+        enabled: true,
+        cached_blocks: 10,
+        idle_blocks: 11,
+        evicted_blocks: 12,
+        prompt_tokens_reused: 13,
+    }
+}
+
 fn unavailable() -> BackendError {
     BackendError::Unavailable("sparkd is not running (no daemon answers on /tmp/x.sock)".into())
 }
@@ -288,6 +298,15 @@ impl Backend for SharedFake {
             match self.0.behaviour() {
                 Behaviour::Unavailable => Err(unavailable()),
                 _ => Ok(status_report()),
+            }
+        })
+    }
+
+    fn cache_status(&self) -> BoxFuture<'_, Result<CacheReport, BackendError>> {
+        Box::pin(async move {
+            match self.0.behaviour() {
+                Behaviour::Unavailable => Err(unavailable()),
+                _ => Ok(cache_report()),
             }
         })
     }

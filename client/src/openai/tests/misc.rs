@@ -179,6 +179,9 @@ async fn status_and_jobs_pass_the_daemon_json_through() {
     assert_eq!(body["running"], 3);
     assert_eq!(body["queued"], 4);
     assert_eq!(body["model"]["name"], MODEL);
+    assert_eq!(body["prefix_cache"]["enabled"], true);
+    assert_eq!(body["prefix_cache"]["cached_blocks"], 10);
+    assert_eq!(body["prefix_cache"]["prompt_tokens_reused"], 13);
     let (status, body) = send(client().get(server.url("/v1/jobs?limit=2"))).await;
     assert_eq!(status, 200);
     assert_eq!(body["object"], "list");
@@ -248,6 +251,11 @@ async fn metrics_count_requests_tokens_and_errors() {
         1.0
     );
     assert_eq!(metric(&text, "sparkd_openai_prompt_tokens_total"), 6.0);
+    // The fake "took half of each prompt from its cache".
+    assert_eq!(
+        metric(&text, "sparkd_openai_prompt_tokens_cached_total"),
+        2.0
+    );
     assert_eq!(metric(&text, "sparkd_openai_completion_tokens_total"), 10.0);
     assert_eq!(metric(&text, "sparkd_openai_ttft_seconds_count"), 2.0);
     assert_eq!(
@@ -257,6 +265,15 @@ async fn metrics_count_requests_tokens_and_errors() {
     assert_eq!(metric(&text, "sparkd_up"), 1.0);
     assert_eq!(metric(&text, "sparkd_running_requests"), 3.0);
     assert_eq!(metric(&text, "sparkd_queued_requests"), 4.0);
+    assert_eq!(metric(&text, "sparkd_prompt_tokens_total"), 9.0);
+    assert_eq!(metric(&text, "sparkd_generated_tokens_total"), 8.0);
+    assert_eq!(metric(&text, "sparkd_prefix_cache_blocks"), 10.0);
+    assert_eq!(metric(&text, "sparkd_prefix_cache_idle_blocks"), 11.0);
+    assert_eq!(
+        metric(&text, "sparkd_prefix_cache_evicted_blocks_total"),
+        12.0
+    );
+    assert_eq!(metric(&text, "sparkd_prompt_tokens_reused_total"), 13.0);
 }
 
 /// Serves the fake daemon for the Python SDK test (`tests/openai_sdk/run.sh`):

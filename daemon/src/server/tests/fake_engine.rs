@@ -8,8 +8,8 @@ use std::{
 };
 
 use spark_client::protocol::{
-    DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, ModelInfo, PrefillEvent,
-    PromptInput, ServerMessage, StatusReport, Timings, TokenEvent, TokenPiece, Usage,
+    CacheReport, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, ModelInfo,
+    PrefillEvent, PromptInput, ServerMessage, StatusReport, Timings, TokenEvent, TokenPiece, Usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,15 @@ pub const FAIL_PROMPT: &str = "please fail";
 pub const PROMPT_TOKENS: u32 = 3;
 /// Of which the fake "took from its cache".
 pub const PROMPT_CACHED_TOKENS: u32 = 2;
+
+/// What the fake says of its prefix cache.
+pub const CACHE_REPORT: CacheReport = CacheReport {
+    enabled: true,
+    cached_blocks: 21,
+    idle_blocks: 8,
+    evicted_blocks: 5,
+    prompt_tokens_reused: 336,
+};
 
 pub struct FakeEngine {
     token_delay: Duration,
@@ -305,6 +314,10 @@ impl Engine for FakeEngine {
             tokens_generated: state.finished.iter().map(|f| u64::from(f.2)).sum(),
             prompt_tokens_processed: 0,
         }
+    }
+
+    fn cache_status(&self) -> CacheReport {
+        CACHE_REPORT
     }
 
     fn jobs(&self, limit: usize) -> Vec<JobRecord> {

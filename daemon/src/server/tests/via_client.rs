@@ -9,7 +9,9 @@ use spark_client::{
 };
 
 use super::{
-    fake_engine::{FakeEngine, BUSY_PROMPT, FAIL_PROMPT, PROMPT_CACHED_TOKENS, PROMPT_TOKENS},
+    fake_engine::{
+        FakeEngine, BUSY_PROMPT, CACHE_REPORT, FAIL_PROMPT, PROMPT_CACHED_TOKENS, PROMPT_TOKENS,
+    },
     request, wait_until, TempDir, TestServer,
 };
 
@@ -60,6 +62,13 @@ async fn the_stream_tells_how_the_prompt_was_read_before_its_first_token() {
         })
         .collect();
     assert_eq!(kinds, ["prefilled", "token", "token", "done"]);
+}
+
+#[tokio::test]
+async fn cache_status_is_the_engines() {
+    let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
+    let client = server.client().await;
+    assert_eq!(client.cache_status().await.unwrap(), CACHE_REPORT);
 }
 
 #[tokio::test]
