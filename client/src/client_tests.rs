@@ -443,13 +443,8 @@ async fn record_job_sends_the_job_and_returns_the_daemons_record() {
     );
 }
 
-#[tokio::test]
-async fn cache_status_is_refused_locally_by_a_1_1_daemon() {
-    let (client, mut daemon) = connected_minor(1).await;
-    let err = client.cache_status().await.expect_err("1.1 daemon");
-    assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
-    assert!(err.to_string().contains("1.2 can"), "{err}");
-    // Nothing was sent: the connection is still usable.
+/// A request refused locally sent nothing: the next one is the first the daemon sees.
+async fn assert_nothing_was_sent(client: Client, mut daemon: Daemon) {
     let status = tokio::spawn(async move { client.jobs(1).await });
     assert!(matches!(
         daemon.next().await,
@@ -460,19 +455,21 @@ async fn cache_status_is_refused_locally_by_a_1_1_daemon() {
 }
 
 #[tokio::test]
+async fn cache_status_is_refused_locally_by_a_1_1_daemon() {
+    let (client, daemon) = connected_minor(1).await;
+    let err = client.cache_status().await.expect_err("1.1 daemon");
+    assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("1.2 can"), "{err}");
+    assert_nothing_was_sent(client, daemon).await;
+}
+
+#[tokio::test]
 async fn record_job_is_refused_locally_by_a_1_0_daemon() {
-    let (client, mut daemon) = connected().await;
+    let (client, daemon) = connected().await;
     let err = client
         .record_job(external_job())
         .await
         .expect_err("1.0 daemon");
     assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
-    // Nothing was sent: the connection is still usable.
-    let status = tokio::spawn(async move { client.jobs(1).await });
-    assert!(matches!(
-        daemon.next().await,
-        Some(Ok(ClientMessage::Jobs { limit: 1, .. }))
-    ));
-    drop(daemon);
-    assert!(status.await.unwrap().is_err());
+    assert_nothing_was_sent(client, daemon).await;
 }
