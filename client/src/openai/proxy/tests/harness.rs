@@ -25,6 +25,17 @@ use crate::protocol::{
     TokenEvent, Usage,
 };
 
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// A request body with odd spacing and field order, to check it travels unchanged.
+pub fn chat_body(model: &str, stream: bool) -> String {
+    format!(
+        "{{ \"messages\": [{{\"role\":\"user\",\"content\":\"Say hi.\"}}],\n  \"stream\": {stream}, \"model\": \"{model}\", \"max_tokens\":12 }}"
+    )
+}
+
 pub const UPSTREAM_MODEL: &str = "up-model";
 pub const SPARKD_MODEL: &str = "sparkd-model";
 pub const LLAMA_STREAM_USAGE: &[u8] = include_bytes!("../fixtures/llama_chat_stream_usage.sse");
@@ -296,6 +307,16 @@ pub struct Shim {
 }
 
 impl Shim {
+    /// Posts a one-message chat for `model` to the shim.
+    pub async fn post_chat(&self, model: &str, stream: bool) -> reqwest::Response {
+        http()
+            .post(self.url("/v1/chat/completions"))
+            .body(chat_body(model, stream))
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn start(upstream_url: &str, api_key: Option<&str>) -> Self {
         let daemon = Arc::new(FakeDaemon::default());
         let backend: Arc<dyn Backend> = Arc::new(SharedDaemon(daemon.clone()));

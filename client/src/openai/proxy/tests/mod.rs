@@ -10,23 +10,12 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use harness::{
-    FakeUpstream, Shim, LLAMA_EMBEDDINGS, LLAMA_ERROR, LLAMA_JSON, LLAMA_STREAM_USAGE,
-    OLLAMA_CHAT_STREAM, SPARKD_MODEL, UPSTREAM_MODEL,
+    chat_body, http, FakeUpstream, Shim, LLAMA_EMBEDDINGS, LLAMA_ERROR, LLAMA_JSON,
+    LLAMA_STREAM_USAGE, OLLAMA_CHAT_STREAM, SPARKD_MODEL, UPSTREAM_MODEL,
 };
 
 use super::upstream::MISS_REFRESH_AFTER;
 use crate::protocol::{CountSource, DecodeClock, FinishReason};
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
-/// A request body with odd spacing and field order, to check it travels unchanged.
-fn chat_body(model: &str, stream: bool) -> String {
-    format!(
-        "{{ \"messages\": [{{\"role\":\"user\",\"content\":\"Say hi.\"}}],\n  \"stream\": {stream}, \"model\": \"{model}\", \"max_tokens\":12 }}"
-    )
-}
 
 #[tokio::test]
 async fn a_stream_is_forwarded_byte_for_byte_and_recorded_with_the_engines_counts() {
@@ -89,12 +78,9 @@ async fn a_stream_is_forwarded_byte_for_byte_and_recorded_with_the_engines_count
 async fn other_models_go_to_sparkd_and_a_non_streaming_reply_is_a_lower_bound() {
     let upstream = FakeUpstream::start().await;
     let shim = Shim::start(&upstream.url, None).await;
-    let answer: Value = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body(SPARKD_MODEL, false))
-        .send()
+    let answer: Value = shim
+        .post_chat(SPARKD_MODEL, false)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -102,12 +88,9 @@ async fn other_models_go_to_sparkd_and_a_non_streaming_reply_is_a_lower_bound() 
     assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 1);
     assert!(upstream.state.last.lock().unwrap().is_none());
 
-    let got = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body(UPSTREAM_MODEL, false))
-        .send()
+    let got = shim
+        .post_chat(UPSTREAM_MODEL, false)
         .await
-        .unwrap()
         .bytes()
         .await
         .unwrap();
@@ -205,12 +188,7 @@ async fn upstream_errors_pass_through_and_are_recorded_as_errors() {
     let url = upstream.url.clone();
     drop(upstream);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let response = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body(UPSTREAM_MODEL, true))
-        .send()
-        .await
-        .unwrap();
+    let response = shim.post_chat(UPSTREAM_MODEL, true).await;
     assert_eq!(response.status(), 502, "{url}");
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "upstream_unavailable");
@@ -226,12 +204,7 @@ async fn a_client_leaving_mid_stream_is_recorded_as_disconnected() {
     let upstream = FakeUpstream::start().await;
     upstream.state.chunk_delay_ms.store(200, Ordering::SeqCst);
     let shim = Shim::start(&upstream.url, None).await;
-    let response = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body(UPSTREAM_MODEL, true))
-        .send()
-        .await
-        .unwrap();
+    let response = shim.post_chat(UPSTREAM_MODEL, true).await;
     let mut body = response.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
     assert!(LLAMA_STREAM_USAGE.starts_with(&first));
@@ -246,12 +219,7 @@ async fn shutdown_ends_forwarded_streams() {
     let upstream = FakeUpstream::start().await;
     upstream.state.chunk_delay_ms.store(200, Ordering::SeqCst);
     let shim = Shim::start(&upstream.url, None).await;
-    let response = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body(UPSTREAM_MODEL, true))
-        .send()
-        .await
-        .unwrap();
+    let response = shim.post_chat(UPSTREAM_MODEL, true).await;
     let mut body = response.bytes_stream();
     body.next().await.unwrap().unwrap();
     shim.shutdown.cancel();
@@ -318,12 +286,8 @@ async fn models_and_jobs_lists_include_the_upstreams_even_without_the_daemon() {
     assert_eq!(ids, [(SPARKD_MODEL, "sparkd"), (UPSTREAM_MODEL, "llama")]);
 
     let forward = || async {
-        http()
-            .post(shim.url("/v1/chat/completions"))
-            .body(chat_body(UPSTREAM_MODEL, true))
-            .send()
+        shim.post_chat(UPSTREAM_MODEL, true)
             .await
-            .unwrap()
             .bytes()
             .await
             .unwrap()
@@ -392,34 +356,19 @@ async fn a_model_new_upstream_is_found_by_rereading_its_list_on_a_miss() {
         .push("loaded-later".into());
     let lists = upstream.state.model_lists.load(Ordering::SeqCst);
     // A miss within the re-read interval goes to sparkd without asking.
-    let early = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body("loaded-later", false))
-        .send()
-        .await
-        .unwrap();
+    let early = shim.post_chat("loaded-later", false).await;
     assert_eq!(early.status(), 200);
     assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 1);
     assert_eq!(upstream.state.model_lists.load(Ordering::SeqCst), lists);
 
     tokio::time::sleep(MISS_REFRESH_AFTER + Duration::from_millis(100)).await;
     // sparkd's own model never waits for the upstreams' lists.
-    let own = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body(SPARKD_MODEL, false))
-        .send()
-        .await
-        .unwrap();
+    let own = shim.post_chat(SPARKD_MODEL, false).await;
     assert_eq!(own.status(), 200);
     assert_eq!(upstream.state.model_lists.load(Ordering::SeqCst), lists);
     assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 2);
 
-    let later = http()
-        .post(shim.url("/v1/chat/completions"))
-        .body(chat_body("loaded-later", false))
-        .send()
-        .await
-        .unwrap();
+    let later = shim.post_chat("loaded-later", false).await;
     assert_eq!(&later.bytes().await.unwrap()[..], LLAMA_JSON);
     assert_eq!(upstream.state.model_lists.load(Ordering::SeqCst), lists + 1);
     assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 2);
