@@ -32,6 +32,18 @@ fn chat_body(content: &str) -> Value {
     json!({"model": MODEL, "messages": [{"role": "user", "content": content}]})
 }
 
+/// Posts a streamed one-message chat of `content`.
+async fn post_chat_stream(server: &TestServer, content: &str) -> reqwest::Response {
+    let mut body = chat_body(content);
+    body["stream"] = json!(true);
+    client()
+        .post(server.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// The usage object the fake's timings imply for a prompt of `content`.
 fn assert_usage_matches(usage: &Value, content: &str, completion: u32) {
     let prompt = prompt_tokens(&PromptInput::Raw {
@@ -106,14 +118,7 @@ async fn missing_model_means_the_loaded_one() {
 #[tokio::test]
 async fn chat_stream_without_include_usage_has_no_usage() {
     let server = TestServer::start(Behaviour::Reply, RouterOptions::default()).await;
-    let mut body = chat_body("x");
-    body["stream"] = json!(true);
-    let response = client()
-        .post(server.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat_stream(&server, "x").await;
     assert_eq!(response.status(), 200);
     let content_type = response.headers()["content-type"]
         .to_str()
@@ -290,14 +295,7 @@ async fn completion_logprobs_are_parallel_arrays() {
 #[tokio::test]
 async fn client_disconnect_mid_stream_cancels_the_generation() {
     let server = TestServer::start(Behaviour::Hang, RouterOptions::default()).await;
-    let mut body = chat_body("x");
-    body["stream"] = json!(true);
-    let response = client()
-        .post(server.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat_stream(&server, "x").await;
     assert_eq!(response.status(), 200);
     let mut stream = response.bytes_stream();
     let mut seen = String::new();
@@ -346,14 +344,7 @@ async fn client_disconnect_before_the_first_token_cancels_too() {
 #[tokio::test]
 async fn shutdown_ends_open_streams() {
     let server = TestServer::start(Behaviour::Hang, RouterOptions::default()).await;
-    let mut body = chat_body("x");
-    body["stream"] = json!(true);
-    let response = client()
-        .post(server.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = post_chat_stream(&server, "x").await;
     let mut stream = response.bytes_stream();
     let _first = stream.next().await;
     server.shutdown.cancel();
