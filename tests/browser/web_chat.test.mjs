@@ -136,6 +136,10 @@ try {
       assert(text.includes(expected), `node panel lacks "${expected}": ${text}`);
     }
     assert((await node.locator('meter').count()) === 1, 'no KV meter');
+    // The prefix cache, from the same status request.
+    const cache = await node.locator('[data-fact="Prefix cache"]').innerText();
+    assert(/^[\d,]+ tokens cached · [\d,]+ idle blocks$/.test(cache), `prefix cache fact "${cache}"`);
+    assert(text.includes('prompt tokens reused'), `node panel lacks the reuse figure: ${text}`);
   });
 
   let firstCount = null;

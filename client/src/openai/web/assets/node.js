@@ -1,4 +1,4 @@
-// The node panel, from GET /v1/status (the daemon's StatusReport).
+// The node panel, from GET /v1/status (the daemon's StatusReport and its prefix cache).
 
 import { bytes, count, duration, integer } from './format.js';
 
@@ -16,21 +16,37 @@ export function renderNode(status) {
     ['Memory', `${bytes(status.resident_bytes)} resident`],
     ['Requests', `${status.running} running · ${status.queued} queued`],
     ['KV cache', `${integer(kvUsed)} / ${integer(kvTotal)} blocks · ${integer(kvUsed * blockTokens)} / ${integer(kvTotal * blockTokens)} tokens`, null, [kvUsed, kvTotal]],
+    ...prefixCache(status),
     ['Served', `${integer(status.requests_served)} requests · ${integer(status.tokens_generated)} tokens generated · ${integer(status.prompt_tokens_processed)} prompt tokens`],
     ['Uptime', duration(status.uptime_s * 1000)],
     ['Daemon', `sparkd ${status.daemon_version}`],
   ];
-  const key = JSON.stringify(facts.map(([, v, d, m]) => [v, d, m]).filter((_, i) => i !== 6));
+  const uptime = facts.find(([label]) => label === 'Uptime')[1];
+  const key = JSON.stringify(facts.filter(([label]) => label !== 'Uptime').map(([, v, d, m]) => [v, d, m]));
   const list = document.getElementById('node');
   list.removeAttribute('aria-busy');
   if (key === shown) {
     // Only the uptime moved: update it without rebuilding the list.
-    const uptime = list.querySelector('[data-fact="Uptime"]');
-    if (uptime) uptime.textContent = facts[6][1];
+    const shownUptime = list.querySelector('[data-fact="Uptime"]');
+    if (shownUptime) shownUptime.textContent = uptime;
     return;
   }
   shown = key;
   list.replaceChildren(...facts.flatMap(fact));
+}
+
+/** The prefix-cache fact, or none from a daemon that does not report one (before 1.2). */
+function prefixCache(status) {
+  const cache = status.prefix_cache;
+  if (!cache) return [];
+  if (!cache.enabled) return [['Prefix cache', 'off']];
+  const prompt = status.prompt_tokens_processed;
+  const share = prompt > 0 ? ` (${Math.round((cache.prompt_tokens_reused / prompt) * 100)}%)` : '';
+  return [[
+    'Prefix cache',
+    `${integer(cache.cached_blocks * status.kv_block_tokens)} tokens cached · ${integer(cache.idle_blocks)} idle blocks`,
+    `${integer(cache.prompt_tokens_reused)} of ${integer(prompt)} prompt tokens reused${share} · ${integer(cache.evicted_blocks)} blocks evicted`,
+  ]];
 }
 
 function fact([label, value, detail, meter]) {
