@@ -107,6 +107,27 @@ def test_text_completion():
     check_usage(response.usage, "completion")
 
 
+def test_a_repeated_prompt_reports_cached_tokens():
+    # Long enough to fill several of the daemon's 16-token KV blocks.
+    messages = [
+        {"role": "system", "content": "You answer questions about geography. " * 6},
+        {"role": "user", "content": "Name a large river."},
+    ]
+    usages = []
+    for _ in range(2):
+        response = client.chat.completions.create(
+            model=model_id(), messages=messages, max_tokens=4, temperature=0
+        )
+        usage = response.usage
+        details = usage.prompt_tokens_details
+        assert details is not None, f"no prompt_tokens_details: {usage}"
+        usages.append((usage.prompt_tokens, details.cached_tokens))
+    (prompt, _), (again, cached) = usages
+    assert again == prompt, usages
+    # Every whole block of the prompt but the one holding its last token.
+    assert cached == (prompt - 1) // 16 * 16 and cached >= 48, usages
+
+
 def test_invalid_request_is_a_400():
     try:
         client.chat.completions.create(
@@ -124,6 +145,7 @@ TESTS = [
     test_chat_streaming_with_usage,
     test_chat_non_streaming,
     test_text_completion,
+    test_a_repeated_prompt_reports_cached_tokens,
     test_invalid_request_is_a_400,
 ]
 
