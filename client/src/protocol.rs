@@ -536,3 +536,235 @@ impl ExternalJob {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The variant index postcard writes first, and the minor that brought the variant:
+    /// both are the wire contract of `PROTOCOL.md`, and reordering a variant is a major
+    /// change that this catches.
+    fn wire(message: &impl Serialize) -> u8 {
+        postcard::to_allocvec(message).expect("encodes")[0]
+    }
+
+    #[test]
+    fn client_messages_keep_their_indices_and_minors() {
+        let request = GenerateRequest {
+            id: 1,
+            model: None,
+            input: PromptInput::Raw {
+                text: String::new(),
+                special: false,
+            },
+            sampling: SamplingParams::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            logprobs: None,
+        };
+        let job = ExternalJob {
+            engine: String::new(),
+            upstream: String::new(),
+            model: String::new(),
+            request_id: 0,
+            started_unix_ms: 0,
+            finished_unix_ms: 0,
+            usage: Usage::default(),
+            timings: Timings::default(),
+            finish_reason: FinishReason::Stop,
+            counts: CountSource::Reported,
+            decode_clock: DecodeClock::None,
+            http_status: 200,
+        };
+        let cases = [
+            (
+                ClientMessage::Hello(Hello {
+                    major: 1,
+                    minor: 2,
+                    client: String::new(),
+                }),
+                0,
+                0,
+            ),
+            (ClientMessage::Generate(request), 1, 0),
+            (ClientMessage::Cancel { id: 1 }, 2, 0),
+            (
+                ClientMessage::Tokenize {
+                    id: 1,
+                    text: String::new(),
+                    special: false,
+                },
+                3,
+                0,
+            ),
+            (ClientMessage::Status { id: 1 }, 4, 0),
+            (ClientMessage::Jobs { id: 1, limit: 1 }, 5, 0),
+            (ClientMessage::Models { id: 1 }, 6, 0),
+            (ClientMessage::RecordJob { id: 1, job }, 7, 1),
+            (ClientMessage::CacheStatus { id: 1 }, 8, 2),
+        ];
+        for (message, index, minor) in cases {
+            assert_eq!(
+                (wire(&message), message.since_minor()),
+                (index, minor),
+                "{message:?}"
+            );
+            assert!(message.since_minor() <= PROTOCOL_MINOR);
+        }
+    }
+
+    #[test]
+    fn server_messages_keep_their_indices_and_minors() {
+        let done = DoneEvent {
+            id: 1,
+            finish_reason: FinishReason::Stop,
+            usage: Usage::default(),
+            timings: Timings::default(),
+        };
+        let model = ModelInfo {
+            name: String::new(),
+            path: String::new(),
+            architecture: String::new(),
+            quantization: String::new(),
+            parameters: 0,
+            context_length: 0,
+            file_bytes: 0,
+        };
+        let status = StatusReport {
+            daemon_version: String::new(),
+            model: model.clone(),
+            backend: String::new(),
+            device: String::new(),
+            resident_bytes: 0,
+            uptime_s: 0.0,
+            running: 0,
+            queued: 0,
+            kv_blocks_used: 0,
+            kv_blocks_total: 0,
+            kv_block_tokens: 16,
+            requests_served: 0,
+            tokens_generated: 0,
+            prompt_tokens_processed: 0,
+        };
+        let record = JobRecord {
+            job: 1,
+            request_id: 1,
+            client_pid: None,
+            client_uid: None,
+            model: String::new(),
+            engine: String::new(),
+            started_unix_ms: 0,
+            finished_unix_ms: 0,
+            usage: Usage::default(),
+            timings: Timings::default(),
+            finish_reason: FinishReason::Stop,
+            estimated: false,
+        };
+        let cases = [
+            (
+                ServerMessage::Welcome(Welcome {
+                    major: 1,
+                    minor: 2,
+                    daemon_version: String::new(),
+                    max_frame_bytes: 1,
+                }),
+                0,
+                0,
+            ),
+            (
+                ServerMessage::Token(TokenEvent {
+                    id: 1,
+                    token: 1,
+                    text: String::new(),
+                    logprobs: None,
+                }),
+                1,
+                0,
+            ),
+            (ServerMessage::Done(done), 2, 0),
+            (
+                ServerMessage::Error(ErrorEvent {
+                    id: None,
+                    kind: ErrorKind::Internal,
+                    message: String::new(),
+                }),
+                3,
+                0,
+            ),
+            (
+                ServerMessage::Tokens {
+                    id: 1,
+                    tokens: Vec::new(),
+                },
+                4,
+                0,
+            ),
+            (ServerMessage::Status { id: 1, status }, 5, 0),
+            (
+                ServerMessage::Jobs {
+                    id: 1,
+                    jobs: Vec::new(),
+                },
+                6,
+                0,
+            ),
+            (
+                ServerMessage::Models {
+                    id: 1,
+                    models: vec![model],
+                },
+                7,
+                0,
+            ),
+            (ServerMessage::Recorded { id: 1, job: record }, 8, 1),
+            (
+                ServerMessage::Prefilled(PrefillEvent {
+                    id: 1,
+                    prompt_tokens: 2,
+                    cached_tokens: 1,
+                }),
+                9,
+                2,
+            ),
+            (
+                ServerMessage::CacheStatus {
+                    id: 1,
+                    cache: CacheReport::default(),
+                },
+                10,
+                2,
+            ),
+        ];
+        for (message, index, minor) in cases {
+            assert_eq!(
+                (wire(&message), message.since_minor()),
+                (index, minor),
+                "{message:?}"
+            );
+            assert!(message.since_minor() <= PROTOCOL_MINOR);
+        }
+    }
+
+    #[test]
+    fn error_kinds_are_frozen() {
+        // Connection-level errors must reach peers of any version (PROTOCOL.md).
+        let kinds = [
+            ErrorKind::BadFrame,
+            ErrorKind::FrameTooLarge,
+            ErrorKind::Handshake,
+            ErrorKind::VersionMismatch,
+            ErrorKind::Busy,
+            ErrorKind::InvalidRequest,
+            ErrorKind::ContextOverflow,
+            ErrorKind::UnknownModel,
+            ErrorKind::DuplicateId,
+            ErrorKind::NotAllowed,
+            ErrorKind::Engine,
+            ErrorKind::ShuttingDown,
+            ErrorKind::Internal,
+        ];
+        for (index, kind) in kinds.into_iter().enumerate() {
+            assert_eq!(usize::from(wire(&kind)), index, "{kind:?}");
+        }
+    }
+}

@@ -93,7 +93,42 @@ pub fn client_message() -> impl Strategy<Value = ClientMessage> {
         any::<u64>().prop_map(|id| ClientMessage::Status { id }),
         (any::<u64>(), any::<u32>()).prop_map(|(id, limit)| ClientMessage::Jobs { id, limit }),
         any::<u64>().prop_map(|id| ClientMessage::Models { id }),
+        (any::<u64>(), external_job()).prop_map(|(id, job)| ClientMessage::RecordJob { id, job }),
+        any::<u64>().prop_map(|id| ClientMessage::CacheStatus { id }),
     ]
+}
+
+fn external_job() -> impl Strategy<Value = ExternalJob> {
+    let counts = prop_oneof![
+        Just(CountSource::Reported),
+        Just(CountSource::Estimated),
+        Just(CountSource::Unknown),
+    ];
+    let clock = prop_oneof![
+        Just(DecodeClock::None),
+        Just(DecodeClock::Engine),
+        Just(DecodeClock::Stream),
+        Just(DecodeClock::Request),
+    ];
+    (
+        (text(), text(), text(), any::<u64>()),
+        (any::<u64>(), any::<u64>(), usage(), timings()),
+        (finish_reason(), counts, clock, any::<u16>()),
+    )
+        .prop_map(|(a, b, c)| ExternalJob {
+            engine: a.0,
+            upstream: a.1,
+            model: a.2,
+            request_id: a.3,
+            started_unix_ms: b.0,
+            finished_unix_ms: b.1,
+            usage: b.2,
+            timings: b.3,
+            finish_reason: c.0,
+            counts: c.1,
+            decode_clock: c.2,
+            http_status: c.3,
+        })
 }
 
 fn finish_reason() -> impl Strategy<Value = FinishReason> {
@@ -280,5 +315,31 @@ pub fn server_message() -> impl Strategy<Value = ServerMessage> {
             .prop_map(|(id, jobs)| ServerMessage::Jobs { id, jobs }),
         (any::<u64>(), vec(model_info(), 0..3))
             .prop_map(|(id, models)| ServerMessage::Models { id, models }),
+        (any::<u64>(), job_record()).prop_map(|(id, job)| ServerMessage::Recorded { id, job }),
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
+            |(id, prompt_tokens, cached_tokens)| {
+                ServerMessage::Prefilled(PrefillEvent {
+                    id,
+                    prompt_tokens,
+                    cached_tokens,
+                })
+            }
+        ),
+        (
+            any::<u64>(),
+            any::<bool>(),
+            any::<[u32; 2]>(),
+            any::<[u64; 2]>()
+        )
+            .prop_map(|(id, enabled, blocks, totals)| ServerMessage::CacheStatus {
+                id,
+                cache: CacheReport {
+                    enabled,
+                    cached_blocks: blocks[0],
+                    idle_blocks: blocks[1],
+                    evicted_blocks: totals[0],
+                    prompt_tokens_reused: totals[1],
+                },
+            }),
     ]
 }
