@@ -10,6 +10,7 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::jobs::Load;
 use crate::engine::EngineHandle;
 
 fn send(states: &[NotifyState]) {
@@ -26,14 +27,23 @@ pub fn status(text: &str) {
 }
 
 fn load_line(engine: &EngineHandle) -> String {
-    let load = engine.shared().load();
-    format!(
-        "serving {}: {} running, {} queued, {} served",
-        engine.shared().model_name(),
-        load.running,
-        load.queued,
-        load.requests_served
-    )
+    status_line(engine.shared().model_name(), &engine.shared().load())
+}
+
+/// `systemctl status`'s line: `serving smollm2: 1 running, 0 queued, 12 served, 64% of
+/// prompt tokens from the prefix cache` (the last part once any prompt was reused).
+fn status_line(model: &str, load: &Load) -> String {
+    let mut line = format!(
+        "serving {model}: {} running, {} queued, {} served",
+        load.running, load.queued, load.requests_served
+    );
+    if load.prompt_tokens_reused > 0 && load.prompt_tokens > 0 {
+        let percent = load.prompt_tokens_reused as f64 / load.prompt_tokens as f64 * 100.0;
+        line.push_str(&format!(
+            ", {percent:.0}% of prompt tokens from the prefix cache"
+        ));
+    }
+    line
 }
 
 /// READY=1: the model is resident and the socket accepts.
@@ -98,4 +108,29 @@ fn watchdog_period() -> Option<Duration> {
         }
     }
     (usec > 0).then(|| Duration::from_micros(usec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_line_tells_the_load_and_the_cache_share_once_there_is_one() {
+        let mut load = Load {
+            running: 1,
+            queued: 2,
+            requests_served: 3,
+            prompt_tokens: 400,
+            ..Load::default()
+        };
+        assert_eq!(
+            status_line("tiny", &load),
+            "serving tiny: 1 running, 2 queued, 3 served"
+        );
+        load.prompt_tokens_reused = 256;
+        assert_eq!(
+            status_line("tiny", &load),
+            "serving tiny: 1 running, 2 queued, 3 served, 64% of prompt tokens from the prefix cache"
+        );
+    }
 }
