@@ -40,13 +40,16 @@ pub async fn end_token_ids(client: &Client) -> anyhow::Result<Vec<u32>> {
 
 pub struct Load<'a> {
     pub socket: &'a Path,
-    pub prompts: &'a [String],
     pub max_tokens: u32,
     pub banned: &'a [u32],
 }
 
 /// Runs `streams` generations at once and returns what each saw.
-pub async fn run_level(load: &Load<'_>, streams: usize) -> anyhow::Result<Vec<StreamSample>> {
+pub async fn run_level(
+    load: &Load<'_>,
+    prompts: &[String],
+    streams: usize,
+) -> anyhow::Result<Vec<StreamSample>> {
     // Connect first so that connection set-up is not part of anyone's time to first
     // token.
     let mut clients = Vec::with_capacity(streams);
@@ -63,7 +66,7 @@ pub async fn run_level(load: &Load<'_>, streams: usize) -> anyhow::Result<Vec<St
             id: client.next_request_id(),
             model: None,
             input: PromptInput::Raw {
-                text: load.prompts[i % load.prompts.len()].clone(),
+                text: prompts[i % prompts.len()].clone(),
                 special: false,
             },
             sampling: SamplingParams {

@@ -62,8 +62,10 @@ struct PeerReport {
     levels: Vec<LevelSummary>,
 }
 
-/// Distinct prompts, so no server can answer one stream from another's prompt cache.
-fn prompts(n: usize) -> Vec<String> {
+/// Distinct prompts for run number `run`, so no server can answer one stream from
+/// another's prompt cache, nor a run from an earlier run's: sparkd keeps a prefix cache
+/// and the run number leads, so not even their first KV block is shared.
+fn prompts(n: usize, run: usize) -> Vec<String> {
     const TOPICS: &[&str] = &[
         "a lighthouse keeper who finds a message in a bottle",
         "the first city built on the Moon",
@@ -77,7 +79,7 @@ fn prompts(n: usize) -> Vec<String> {
     (0..n)
         .map(|i| {
             format!(
-                "Story {}: Write a long, detailed story about {}.",
+                "Run {run}, story {}: Write a long, detailed story about {}.",
                 i + 1,
                 TOPICS[i % TOPICS.len()]
             )
@@ -98,10 +100,13 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let banned = daemon::end_token_ids(&client).await?;
     drop(client);
     let max_level = *args.streams.iter().max().unwrap_or(&1);
-    let prompts = prompts(max_level);
+    let runs = std::cell::Cell::new(0);
+    let fresh_prompts = || {
+        runs.set(runs.get() + 1);
+        prompts(max_level, runs.get())
+    };
     let load = daemon::Load {
         socket: &socket,
-        prompts: &prompts,
         max_tokens: args.max_tokens,
         banned: &banned,
     };
@@ -112,13 +117,18 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     };
 
     // One short run first: page in the weights and size the engine's buffers.
-    daemon::run_level(&load, 1)
+    daemon::run_level(&load, &fresh_prompts(), 1)
         .await
         .context("warm-up request")?;
     let mut sparkd = Vec::new();
     for &streams in &args.streams {
         progress(&format!("sparkd: {streams} streams…"));
-        sparkd.push(best_of(args.rounds, || daemon::run_level(&load, streams)).await?);
+        let level = best_of(args.rounds, || {
+            let prompts = fresh_prompts();
+            let load = &load;
+            async move { daemon::run_level(load, &prompts, streams).await }
+        });
+        sparkd.push(level.await?);
     }
 
     let peer = match &args.peer {
@@ -134,9 +144,13 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             for &streams in &args.streams {
                 progress(&format!("llama-server -np {streams}: {streams} streams…"));
                 let server = peer.start(streams).await?;
-                server.run_level(&prompts, args.max_tokens, 1).await?;
+                server
+                    .run_level(&fresh_prompts(), args.max_tokens, 1)
+                    .await?;
                 let level = best_of(args.rounds, || {
-                    server.run_level(&prompts, args.max_tokens, streams)
+                    let prompts = fresh_prompts();
+                    let server = &server;
+                    async move { server.run_level(&prompts, args.max_tokens, streams).await }
                 })
                 .await;
                 server.stop().await;
@@ -239,7 +253,8 @@ fn table(r: &Report) -> String {
     );
     if let Some(p) = &r.peer {
         out.push_str(&format!(
-            "\npeer: {} with -np = streams, {} threads, same prompts, ignore_eos",
+            "\npeer: {} with -np = streams, {} threads, the same fresh prompts each run \
+             (no prompt reused from a cache on either side), ignore_eos",
             p.server, p.threads
         ));
     }
@@ -251,9 +266,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prompts_are_distinct() {
-        let p = prompts(16);
+    fn prompts_are_distinct_within_and_across_runs() {
+        let p = [prompts(16, 1), prompts(16, 2)].concat();
         let unique: std::collections::HashSet<_> = p.iter().collect();
-        assert_eq!(unique.len(), 16);
+        assert_eq!(unique.len(), 32);
+        // The run number leads: two runs' prompts differ from their first words.
+        assert!(p[0].starts_with("Run 1,") && p[16].starts_with("Run 2,"));
     }
 }
