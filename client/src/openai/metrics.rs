@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::protocol::{CacheReport, DoneEvent, PrefillEvent, StatusReport};
+use crate::protocol::{
+    CacheReport, DecodeClock, DoneEvent, ExternalJob, PrefillEvent, StatusReport,
+};
 
 /// Time to first token, seconds.
 const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
@@ -31,6 +33,30 @@ struct Inner {
     completion_tokens: u64,
     ttft_seconds: Histogram,
     decode_tps: Histogram,
+    /// Jobs the proxy forwarded to other engines, by engine name.
+    forwarded: BTreeMap<String, Forwarded>,
+}
+
+/// One upstream engine's forwarded jobs, as the proxy measured them.
+#[derive(Debug)]
+struct Forwarded {
+    requests: u64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    ttft_seconds: Histogram,
+    decode_tps: Histogram,
+}
+
+impl Default for Forwarded {
+    fn default() -> Self {
+        Self {
+            requests: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            ttft_seconds: Histogram::new(TTFT_BUCKETS),
+            decode_tps: Histogram::new(DECODE_TPS_BUCKETS),
+        }
+    }
 }
 
 impl Default for Inner {
@@ -43,6 +69,7 @@ impl Default for Inner {
             completion_tokens: 0,
             ttft_seconds: Histogram::new(TTFT_BUCKETS),
             decode_tps: Histogram::new(DECODE_TPS_BUCKETS),
+            forwarded: BTreeMap::new(),
         }
     }
 }
@@ -82,6 +109,12 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         header(out, name, "histogram", help);
+        self.render_series(out, name, "");
+    }
+
+    /// The series' lines without the header; `labels` (`engine="llama"`) go before `le`.
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
         for (i, count) in self.counts.iter().enumerate() {
             cumulative += count;
@@ -89,10 +122,18 @@ impl Histogram {
                 .bounds
                 .get(i)
                 .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
+            );
         }
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        let braced = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braced} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braced} {}", self.count);
     }
 }
 
@@ -129,6 +170,24 @@ impl Metrics {
         }
         if let Some(tps) = done.timings.decode_tps {
             inner.decode_tps.observe(tps);
+        }
+    }
+
+    /// Books one job the proxy forwarded to another engine. Decode rates go into the
+    /// histogram only when they are real ones (the engine's own clock, or first to last
+    /// body byte of a stream), not a whole request's lower bound.
+    pub fn record_forwarded(&self, job: &ExternalJob) {
+        let mut inner = self.lock();
+        let f = inner.forwarded.entry(job.engine.clone()).or_default();
+        f.requests += 1;
+        f.prompt_tokens += u64::from(job.usage.prompt_tokens);
+        f.completion_tokens += u64::from(job.usage.completion_tokens);
+        if let Some(ttft_ms) = job.timings.ttft_ms {
+            f.ttft_seconds.observe(ttft_ms / 1000.0);
+        }
+        let real_rate = matches!(job.decode_clock, DecodeClock::Engine | DecodeClock::Stream);
+        if let (true, Some(tps)) = (real_rate, job.timings.decode_tps) {
+            f.decode_tps.observe(tps);
         }
     }
 
@@ -207,6 +266,8 @@ impl Metrics {
             "sparkd_openai_decode_tokens_per_second",
             "Decode rate per request, from the daemon's per-request timings.",
         );
+
+        render_forwarded(&mut out, &inner.forwarded);
 
         header(
             &mut out,
@@ -295,6 +356,59 @@ impl Metrics {
     }
 }
 
+/// A metric's name, its help, and how to read its value from one engine's figures.
+type Series<T> = (&'static str, &'static str, fn(&Forwarded) -> T);
+type HistogramSeries = (&'static str, &'static str, fn(&Forwarded) -> &Histogram);
+
+/// The proxy's series, one per upstream engine (nothing before the first forwarded job).
+fn render_forwarded(out: &mut String, forwarded: &BTreeMap<String, Forwarded>) {
+    if forwarded.is_empty() {
+        return;
+    }
+    let counters: [Series<u64>; 3] = [
+        (
+            "sparkd_openai_forwarded_requests_total",
+            "Requests forwarded to another engine, by engine.",
+            |f| f.requests,
+        ),
+        (
+            "sparkd_openai_forwarded_prompt_tokens_total",
+            "Prompt tokens of forwarded requests (reported by the engine, else estimated), by engine.",
+            |f| f.prompt_tokens,
+        ),
+        (
+            "sparkd_openai_forwarded_completion_tokens_total",
+            "Generated tokens of forwarded requests (reported by the engine, else estimated), by engine.",
+            |f| f.completion_tokens,
+        ),
+    ];
+    for (name, help, value) in counters {
+        header(out, name, "counter", help);
+        for (engine, f) in forwarded {
+            let _ = writeln!(out, "{name}{{engine=\"{}\"}} {}", escape(engine), value(f));
+        }
+    }
+    let histograms: [HistogramSeries; 2] = [
+        (
+            "sparkd_openai_forwarded_ttft_seconds",
+            "Time to the first body byte of forwarded streams, by engine.",
+            |f| &f.ttft_seconds,
+        ),
+        (
+            "sparkd_openai_forwarded_decode_tokens_per_second",
+            "Decode rate of forwarded requests (engine clock or stream bytes), by engine.",
+            |f| &f.decode_tps,
+        ),
+    ];
+    for (name, help, histogram) in histograms {
+        header(out, name, "histogram", help);
+        for (engine, f) in forwarded {
+            let labels = format!("engine=\"{}\"", escape(engine));
+            histogram(f).render_series(out, name, &labels);
+        }
+    }
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -376,6 +490,61 @@ mod tests {
             8.0
         );
         assert_eq!(line_value(&text, "sparkd_up"), 0.0);
+    }
+
+    #[test]
+    fn forwarded_jobs_are_counted_by_engine() {
+        let m = Metrics::default();
+        assert!(!m.render(None, None).contains("forwarded"));
+        let job = |engine: &str, clock, tps| ExternalJob {
+            engine: engine.into(),
+            upstream: "http://127.0.0.1:1".into(),
+            model: "m".into(),
+            request_id: 1,
+            started_unix_ms: 0,
+            finished_unix_ms: 1,
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 20,
+            },
+            timings: Timings {
+                ttft_ms: Some(30.0),
+                decode_tps: Some(tps),
+                ..Timings::default()
+            },
+            finish_reason: FinishReason::Stop,
+            counts: crate::protocol::CountSource::Reported,
+            decode_clock: clock,
+            http_status: 200,
+        };
+        m.record_forwarded(&job("vllm", DecodeClock::Stream, 40.0));
+        m.record_forwarded(&job("vllm", DecodeClock::Request, 4.0));
+        m.record_forwarded(&job("ol\"lama", DecodeClock::Engine, 400.0));
+        let text = m.render(None, None);
+        let value = |series: &str| line_value(&text, series);
+        assert_eq!(
+            value("sparkd_openai_forwarded_requests_total{engine=\"vllm\"}"),
+            2.0
+        );
+        assert_eq!(
+            value("sparkd_openai_forwarded_completion_tokens_total{engine=\"ol\\\"lama\"}"),
+            20.0
+        );
+        // The whole request's rate (a lower bound) is left out of the histogram.
+        assert_eq!(
+            value("sparkd_openai_forwarded_decode_tokens_per_second_count{engine=\"vllm\"}"),
+            1.0
+        );
+        assert_eq!(
+            value("sparkd_openai_forwarded_decode_tokens_per_second_bucket{engine=\"vllm\",le=\"50\"}"),
+            1.0
+        );
+        assert_eq!(
+            value("sparkd_openai_forwarded_ttft_seconds_count{engine=\"vllm\"}"),
+            2.0
+        );
+        // Not mixed into sparkd's own figures.
+        assert_eq!(value("sparkd_openai_completion_tokens_total"), 0.0);
     }
 
     #[test]

@@ -85,6 +85,7 @@ pub fn router(
         .route("/v1/status", get(routes::status));
     // Inside the key check: forwarded requests need the key too.
     if let Some(proxy) = options.proxy {
+        proxy.report_to(state.metrics.clone());
         v1 = proxy::mount(v1, proxy);
     }
     let v1 = v1.route_layer(middleware::from_fn_with_state(key, require_api_key));

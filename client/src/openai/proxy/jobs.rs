@@ -3,12 +3,13 @@
 //! their merge into `/v1/jobs`.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::openai::backend::Backend;
+use crate::openai::metrics::Metrics;
 use crate::protocol::{CountSource, DecodeClock, ExternalJob, JobRecord};
 
 /// Forwarded jobs the proxy remembers itself.
@@ -73,11 +74,21 @@ impl Entry {
 #[derive(Debug, Default)]
 pub struct JobLog {
     entries: Mutex<VecDeque<Entry>>,
+    /// The HTTP server's metrics, once the router is built around the proxy.
+    metrics: OnceLock<Arc<Metrics>>,
 }
 
 impl JobLog {
+    /// Counts every job pushed from now on in `metrics` too (the first call wins).
+    pub fn report_to(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
     /// Remembers `job`; `recorded` is the daemon's record of it, if the daemon took it.
     pub fn push(&self, job: &ExternalJob, recorded: Option<JobRecord>) {
+        if let Some(metrics) = self.metrics.get() {
+            metrics.record_forwarded(job);
+        }
         let in_daemon = recorded.is_some();
         // Job 0: never numbered by a daemon. The client is this process.
         let record = recorded.unwrap_or_else(|| {

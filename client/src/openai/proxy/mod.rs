@@ -138,6 +138,11 @@ impl Proxy {
         Ok(proxy)
     }
 
+    /// Counts every forwarded job in the HTTP server's `/metrics` from now on.
+    pub fn report_to(&self, metrics: Arc<super::metrics::Metrics>) {
+        self.jobs.report_to(metrics);
+    }
+
     /// Reads every upstream's model list now.
     pub async fn refresh(&self) {
         self.registry.refresh(&self.http).await;

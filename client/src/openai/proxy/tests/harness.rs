@@ -307,6 +307,26 @@ pub struct Shim {
 }
 
 impl Shim {
+    /// `/metrics` once it has `series` (forwarded jobs are counted just after the daemon
+    /// recorded them).
+    pub async fn metrics_once(&self, series: &str) -> String {
+        for _ in 0..200 {
+            let text = http()
+                .get(self.url("/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if text.contains(series) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("/metrics never showed {series}");
+    }
+
     /// Posts a one-message chat for `model` to the shim.
     pub async fn post_chat(&self, model: &str, stream: bool) -> reqwest::Response {
         http()

@@ -72,6 +72,39 @@ async fn a_stream_is_forwarded_byte_for_byte_and_recorded_with_the_engines_count
     assert!(job.timings.decode_ms > ttft, "{:?}", job.timings);
     assert!(job.timings.decode_tps.unwrap() > 0.0);
     assert_eq!(shim.daemon.generations.load(Ordering::SeqCst), 0);
+
+    // And /metrics counts it under its engine.
+    let metrics = shim
+        .metrics_once("sparkd_openai_forwarded_requests_total")
+        .await;
+    for (series, value) in [
+        (
+            "sparkd_openai_forwarded_requests_total{engine=\"llama\"}",
+            1,
+        ),
+        (
+            "sparkd_openai_forwarded_prompt_tokens_total{engine=\"llama\"}",
+            33,
+        ),
+        (
+            "sparkd_openai_forwarded_completion_tokens_total{engine=\"llama\"}",
+            12,
+        ),
+        (
+            "sparkd_openai_forwarded_ttft_seconds_count{engine=\"llama\"}",
+            1,
+        ),
+        (
+            "sparkd_openai_forwarded_decode_tokens_per_second_count{engine=\"llama\"}",
+            1,
+        ),
+    ] {
+        let line = format!("{series} {value}");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -103,6 +136,20 @@ async fn other_models_go_to_sparkd_and_a_non_streaming_reply_is_a_lower_bound() 
     assert_eq!(job.usage.completion_tokens, 12);
     // The sized body ended normally, whether or not hyper polled past its last byte.
     assert_eq!(job.finish_reason, FinishReason::Length);
+    // A whole request's rate is a lower bound: /metrics keeps it out of the histogram.
+    let metrics = shim
+        .metrics_once("sparkd_openai_forwarded_requests_total")
+        .await;
+    for line in [
+        "sparkd_openai_forwarded_requests_total{engine=\"llama\"} 1",
+        "sparkd_openai_forwarded_ttft_seconds_count{engine=\"llama\"} 0",
+        "sparkd_openai_forwarded_decode_tokens_per_second_count{engine=\"llama\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
 }
 
 #[tokio::test]
