@@ -548,6 +548,19 @@ mod tests {
         postcard::to_allocvec(message).expect("encodes")[0]
     }
 
+    /// Each message's wire index and minor are the expected ones, and no message is
+    /// newer than this version.
+    fn check<M: Serialize + std::fmt::Debug>(cases: &[(M, u8, u16)], since: fn(&M) -> u16) {
+        for (message, index, minor) in cases {
+            assert_eq!(
+                (wire(message), since(message)),
+                (*index, *minor),
+                "{message:?}"
+            );
+            assert!(since(message) <= PROTOCOL_MINOR);
+        }
+    }
+
     #[test]
     fn client_messages_keep_their_indices_and_minors() {
         let request = GenerateRequest {
@@ -603,14 +616,7 @@ mod tests {
             (ClientMessage::RecordJob { id: 1, job }, 7, 1),
             (ClientMessage::CacheStatus { id: 1 }, 8, 2),
         ];
-        for (message, index, minor) in cases {
-            assert_eq!(
-                (wire(&message), message.since_minor()),
-                (index, minor),
-                "{message:?}"
-            );
-            assert!(message.since_minor() <= PROTOCOL_MINOR);
-        }
+        check(&cases, ClientMessage::since_minor);
     }
 
     #[test]
@@ -735,14 +741,7 @@ mod tests {
                 2,
             ),
         ];
-        for (message, index, minor) in cases {
-            assert_eq!(
-                (wire(&message), message.since_minor()),
-                (index, minor),
-                "{message:?}"
-            );
-            assert!(message.since_minor() <= PROTOCOL_MINOR);
-        }
+        check(&cases, ServerMessage::since_minor);
     }
 
     #[test]
