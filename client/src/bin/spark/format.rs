@@ -113,8 +113,8 @@ pub fn jobs_table(jobs: &[JobRecord], now_ms: u64) -> String {
     table
 }
 
-/// `spark status` as aligned `label  value` lines.
-/// The `spark status` report; `cache` is `None` from a daemon older than protocol 1.2.
+/// `spark status` as aligned `label  value` lines; `cache` is `None` from a daemon older
+/// than protocol 1.2 (and its line is left out).
 pub fn status_text(status: &StatusReport, cache: Option<&CacheReport>) -> String {
     let model = &status.model;
     let mut lines = vec![
@@ -153,7 +153,9 @@ pub fn status_text(status: &StatusReport, cache: Option<&CacheReport>) -> String
         ("version", format!("sparkd {}", status.daemon_version)),
     ];
     if let Some(cache) = cache {
-        lines.insert(6, ("prefix cache", prefix_cache(status, cache)));
+        let after_kv = lines.iter().position(|(label, _)| *label == "kv cache");
+        let at = after_kv.map_or(lines.len(), |i| i + 1);
+        lines.insert(at, ("prefix cache", prefix_cache(status, cache)));
     }
     let width = lines
         .iter()
@@ -468,6 +470,9 @@ mod tests {
             ),
             "{with_cache}"
         );
+        let labels: Vec<&str> = with_cache.lines().map(|l| &l[..12]).collect();
+        let kv = labels.iter().position(|l| l.starts_with("kv cache"));
+        assert_eq!(labels[kv.unwrap() + 1], "prefix cache", "{with_cache}");
         let off = CacheReport {
             enabled: false,
             ..CacheReport::default()
