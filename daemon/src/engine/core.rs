@@ -540,7 +540,8 @@ fn sample(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer) -> (u32, Option
         Some(n) => {
             let (token, lp) = s
                 .sampler
-                .sample_with_logprobs(logits, &s.tokens, n as usize, tok);
+                .sample_with_logprobs(logits, &s.tokens, n as usize, tok, None)
+                .expect("no filter: always a token");
             (token, Some(lp))
         }
         None => (s.sampler.sample(logits, &s.tokens), None),

@@ -2,8 +2,10 @@
 //! templates, sampling and stop strings.
 
 mod bpe;
+pub mod constraint;
 mod error;
 mod fxhash;
+pub mod json;
 mod pretokenize;
 pub mod sampler;
 mod spec;

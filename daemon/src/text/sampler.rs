@@ -65,6 +65,15 @@ pub fn validate(params: &SamplingParams, vocab_size: usize) -> Result<(), TextEr
     Ok(())
 }
 
+/// What a request's output format lets come next (see [`super::constraint`]).
+pub trait TokenFilter {
+    /// Whether `token` may come next.
+    fn allows(&mut self, token: u32) -> bool;
+    /// Sets the logit of every token that may not come next to -inf; returns how many
+    /// logits are left above -inf.
+    fn mask(&mut self, logits: &mut [f32]) -> usize;
+}
+
 /// SplitMix64: tiny, fast and stable across library versions, so a seed reproduces the
 /// same tokens after an upgrade.
 #[derive(Debug, Clone)]
@@ -145,12 +154,40 @@ impl Sampler {
     /// Chooses the next token. `history` is the prompt plus the tokens generated so far
     /// (for penalties). Bias and penalties are applied to `logits` in place.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.sample_filtered(logits, history, None)
+            .unwrap_or_else(|| argmax(logits))
+    }
+
+    /// [`Sampler::sample`] among the tokens `filter` allows (as if the others had been
+    /// banned by a logit bias of -inf); `None` when it allows none that is not banned.
+    pub fn sample_filtered(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        filter: Option<&mut dyn TokenFilter>,
+    ) -> Option<u32> {
         self.apply_bias(logits);
         self.apply_penalties(logits, history);
-        if self.params.temperature == 0.0 {
-            return argmax(logits);
+        let greedy = self.params.temperature == 0.0;
+        if let Some(filter) = filter {
+            // Greedy: the model's own pick is usually allowed, and then it is the answer
+            // without asking about the rest of the vocabulary.
+            let best_allowed = greedy && {
+                let best = argmax(logits);
+                logits
+                    .get(best as usize)
+                    .is_some_and(|&l| l > f32::NEG_INFINITY)
+                    && filter.allows(best)
+            };
+            if !best_allowed && filter.mask(logits) == 0 {
+                return None;
+            }
         }
-        self.sample_stochastic(logits)
+        Some(if greedy {
+            argmax(logits)
+        } else {
+            self.sample_stochastic(logits)
+        })
     }
 
     /// [`Sampler::sample`] plus log-probabilities of the chosen token and the `top_n` most
@@ -161,7 +198,8 @@ impl Sampler {
         history: &[u32],
         top_n: usize,
         tokenizer: &Tokenizer,
-    ) -> (u32, TokenLogprobs) {
+        filter: Option<&mut dyn TokenFilter>,
+    ) -> Option<(u32, TokenLogprobs)> {
         let (lse, top) = log_softmax_top(logits, top_n);
         // Bias and penalties only touch these ids; keep their original logits so that the
         // chosen token's logprob is on the model's distribution.
@@ -172,7 +210,7 @@ impl Sampler {
             .chain(window.iter().copied())
             .filter_map(|id| logits.get(id as usize).map(|&l| (id, l)))
             .collect();
-        let id = self.sample(logits, history);
+        let id = self.sample_filtered(logits, history, filter)?;
         let original = touched
             .iter()
             .find(|t| t.0 == id)
@@ -183,7 +221,7 @@ impl Sampler {
             .into_iter()
             .map(|(t, lp)| (t, tokenizer.piece(t), lp))
             .collect();
-        (id, TokenLogprobs { logprob, top })
+        Some((id, TokenLogprobs { logprob, top }))
     }
 
     /// Log-probabilities of `chosen` and the `top_n` most likely tokens under `logits`

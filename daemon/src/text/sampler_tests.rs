@@ -376,7 +376,9 @@ fn logprobs_are_on_the_unmodified_distribution() {
     )
     .unwrap();
     let original = logits.clone();
-    let (id, lp) = s.sample_with_logprobs(&mut logits, &[], 3, &tok);
+    let (id, lp) = s
+        .sample_with_logprobs(&mut logits, &[], 3, &tok, None)
+        .unwrap();
     assert_eq!(id, 5, "the bias forces token 5");
     assert!(
         (lp.logprob - (original[5].exp() / z).ln()).abs() < 1e-4,
@@ -498,4 +500,107 @@ fn argmax_bias_means_the_argmax_of_the_biased_logits() {
         assert_eq!(Some(picked), want, "{p:?}");
         assert_eq!(picked, super::argmax(&by_hand), "{p:?}");
     }
+}
+
+/// Allows the ids `allowed` says, counting how often it was asked.
+struct SetFilter {
+    allowed: fn(u32) -> bool,
+    asked: usize,
+    masked: usize,
+}
+
+impl SetFilter {
+    fn new(allowed: fn(u32) -> bool) -> Self {
+        Self {
+            allowed,
+            asked: 0,
+            masked: 0,
+        }
+    }
+}
+
+impl TokenFilter for SetFilter {
+    fn allows(&mut self, token: u32) -> bool {
+        self.asked += 1;
+        (self.allowed)(token)
+    }
+
+    fn mask(&mut self, logits: &mut [f32]) -> usize {
+        self.masked += 1;
+        let mut left = 0;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if !(self.allowed)(id as u32) {
+                *l = f32::NEG_INFINITY;
+            } else if *l > f32::NEG_INFINITY {
+                left += 1;
+            }
+        }
+        left
+    }
+}
+
+#[test]
+fn greedy_with_a_filter_takes_the_best_allowed_token_and_masks_only_when_it_must() {
+    let logits: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let mut s = sampler(params());
+    // The best token (99) is allowed: one question, no mask.
+    let mut f = SetFilter::new(|_| true);
+    let pick = s.sample_filtered(&mut logits.clone(), &[], Some(&mut f));
+    assert_eq!((pick, f.asked, f.masked), (Some(99), 1, 0));
+    // Odd ids banned: the best even one, found through the mask.
+    let mut f = SetFilter::new(|id| id % 2 == 0);
+    let pick = s.sample_filtered(&mut logits.clone(), &[], Some(&mut f));
+    assert_eq!((pick, f.masked), (Some(98), 1));
+}
+
+#[test]
+fn sampling_with_a_filter_never_draws_a_refused_token() {
+    let logits = vec![0.0f32; 64];
+    let mut s = sampler(SamplingParams {
+        temperature: 1.0,
+        ..params()
+    });
+    let mut seen = [0usize; 64];
+    for _ in 0..2000 {
+        let mut f = SetFilter::new(|id| id % 3 == 0);
+        let id = s
+            .sample_filtered(&mut logits.clone(), &[], Some(&mut f))
+            .unwrap();
+        seen[id as usize] += 1;
+    }
+    for (id, &n) in seen.iter().enumerate() {
+        // 22 allowed ids, about 90 draws each.
+        assert_eq!(n > 0, id % 3 == 0, "id {id} drawn {n} times");
+    }
+}
+
+#[test]
+fn a_filter_that_leaves_nothing_gives_no_token() {
+    let mut s = sampler(params());
+    let mut f = SetFilter::new(|_| false);
+    assert_eq!(s.sample_filtered(&mut [1.0; 10], &[], Some(&mut f)), None);
+    // What it allows but a logit bias bans does not count.
+    let mut s = sampler(SamplingParams {
+        logit_bias: vec![(4, f32::NEG_INFINITY)],
+        temperature: 0.8,
+        ..params()
+    });
+    let mut f = SetFilter::new(|id| id == 4);
+    assert_eq!(s.sample_filtered(&mut [1.0; 10], &[], Some(&mut f)), None);
+}
+
+#[test]
+fn logprobs_with_a_filter_stay_on_the_model_distribution() {
+    let tok = Tokenizer::new(bpe_spec("gpt-2")).unwrap();
+    let n = tok.vocab_size();
+    let logits: Vec<f32> = (0..n).map(|i| (i as f32 * 0.01).cos()).collect();
+    let z: f32 = logits.iter().map(|l| l.exp()).sum();
+    let mut s = Sampler::new(&params(), n).unwrap();
+    let mut f = SetFilter::new(|id| id == 7);
+    let (id, lp) = s
+        .sample_with_logprobs(&mut logits.clone(), &[], 2, &tok, Some(&mut f))
+        .unwrap();
+    assert_eq!(id, 7);
+    assert!((lp.logprob - (logits[7].exp() / z).ln()).abs() < 1e-4);
+    assert_eq!(lp.top[0].0, 0, "the top alternatives ignore the filter");
 }

@@ -1,6 +1,9 @@
 //! `Tokenizer`: text <-> token ids for a GGUF vocabulary, matching llama.cpp's ids.
 
+use std::sync::OnceLock;
+
 use super::bpe::BpeModel;
+use super::constraint::ByteOrderedVocab;
 use super::fxhash::FxHashMap;
 use super::pretokenize::PreTokenizer;
 use super::special::{self, attr, Fragment};
@@ -41,6 +44,8 @@ pub struct Tokenizer {
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
+    /// Built the first time a request asks for constrained output.
+    byte_order: OnceLock<ByteOrderedVocab>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -207,6 +212,7 @@ impl Tokenizer {
             add_bos: spec.add_bos,
             add_eos: spec.add_eos,
             add_space_prefix: spec.add_space_prefix,
+            byte_order: OnceLock::new(),
         };
         tok.build_pieces();
         Ok(tok)
@@ -409,6 +415,12 @@ impl Tokenizer {
     /// All end-of-generation ids, ascending.
     pub fn eog_ids(&self) -> &[u32] {
         &self.eog
+    }
+
+    /// The text tokens in byte order, for constrained output's mask (built on first use:
+    /// sorting a 150k vocabulary takes some 30 ms).
+    pub fn byte_ordered_vocab(&self) -> &ByteOrderedVocab {
+        self.byte_order.get_or_init(|| ByteOrderedVocab::new(self))
     }
 
     /// Whether `id` is a control token (BOS, `<|im_start|>`, ...), which a client usually

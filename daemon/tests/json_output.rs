@@ -1,0 +1,124 @@
+//! JSON output on real vocabularies: the default model's (49k byte-level BPE tokens) and
+//! the vocabulary-only files of Llama 3 (128k), Qwen 3 (152k) and Llama 2 (SentencePiece
+//! with byte fallback; see `fixtures/text/make_vocab_ggufs.py`). The mask's trie walk
+//! is checked against trying every token alone. Each vocabulary skips, saying so, when
+//! its file is not on this machine.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use sparkd::gguf::GgufFile;
+use sparkd::text::constraint::{JsonConstraint, JsonFilter};
+use sparkd::text::sampler::TokenFilter;
+use sparkd::text::{Tokenizer, TokenizerSpec};
+
+fn default_model() -> Option<PathBuf> {
+    let env_dir =
+        |var: &str, tail: &str| std::env::var_os(var).map(|d| PathBuf::from(d).join(tail));
+    [
+        env_dir("SPARKD_MODELS", ""),
+        env_dir("XDG_DATA_HOME", "sparkd/models"),
+        env_dir("HOME", ".local/share/sparkd/models"),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|dir| dir.join("smollm2-135m-instruct.gguf"))
+    .find(|p| p.is_file())
+}
+
+/// Vocabulary-only files made by `make_vocab_ggufs.py`.
+fn test_vocab(file: &str) -> Option<PathBuf> {
+    let env_dir =
+        |var: &str, tail: &str| std::env::var_os(var).map(|d| PathBuf::from(d).join(tail));
+    [
+        env_dir("SPARKD_TEST_VOCABS", ""),
+        env_dir("XDG_CACHE_HOME", "sparkd/test-vocabs"),
+        env_dir("HOME", ".cache/sparkd/test-vocabs"),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|dir| dir.join(file))
+    .find(|p| p.is_file())
+}
+
+fn load(name: &str, path: Option<PathBuf>) -> Option<Tokenizer> {
+    let Some(path) = path else {
+        eprintln!("skipping {name}: its GGUF file is not on this machine");
+        return None;
+    };
+    let file = GgufFile::open(&path).expect("GGUF opens");
+    let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
+    Some(Tokenizer::new(spec).expect("tokenizer"))
+}
+
+/// The ids the mask leaves (every logit starts finite).
+fn masked(c: &mut JsonConstraint, tok: &Tokenizer) -> Vec<u32> {
+    let mut logits = vec![0.0f32; tok.vocab_size()];
+    let left = JsonFilter {
+        constraint: c,
+        tokenizer: tok,
+    }
+    .mask(&mut logits);
+    let ids: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&i| logits[i as usize].is_finite())
+        .collect();
+    assert_eq!(ids.len(), left);
+    ids
+}
+
+#[test]
+fn the_mask_allows_exactly_the_tokens_that_continue_the_json() {
+    let vocabs = [
+        ("smollm2", default_model()),
+        ("llama3", test_vocab("llama3-vocab.gguf")),
+        ("qwen3", test_vocab("qwen3-vocab.gguf")),
+        ("llama2", test_vocab("llama2-vocab.gguf")),
+    ];
+    for (name, path) in vocabs {
+        if let Some(tok) = load(name, path) {
+            check_vocab(name, &tok);
+        }
+    }
+}
+
+fn check_vocab(name: &str, tok: &Tokenizer) {
+    let text = "{\n  \"name\": \"Félix 😀\",\n  \"age\": 10, \"tags\": [\"a\\n\", -1.5e+3, true, null],\n  \"x\": {}\n}";
+    let ids = tok.encode(text, false, false);
+    assert_eq!(tok.decode(&ids).trim_start(), text, "{name}");
+    let mut c = JsonConstraint::new();
+    // The first mask sorts the vocabulary.
+    let started = Instant::now();
+    masked(&mut c, tok);
+    let first = started.elapsed().as_secs_f64();
+    let mut slowest = 0.0f64;
+    for &id in &ids {
+        let started = Instant::now();
+        let allowed = masked(&mut c, tok);
+        slowest = slowest.max(started.elapsed().as_secs_f64());
+        let brute: Vec<u32> = (0..tok.vocab_size() as u32)
+            .filter(|&t| c.allows(tok, t))
+            .collect();
+        if allowed != brute {
+            let only_mask: Vec<String> = (allowed.iter().filter(|t| !brute.contains(t)))
+                .take(8)
+                .map(|&t| format!("{t} {:?}", tok.piece(t)))
+                .collect();
+            let only_brute: Vec<String> = (brute.iter().filter(|t| !allowed.contains(t)))
+                .take(8)
+                .map(|&t| format!("{t} {:?}", tok.piece(t)))
+                .collect();
+            panic!("{name}: allowed by the mask only: {only_mask:?}; by trying each token only: {only_brute:?}");
+        }
+        assert!(allowed.contains(&id), "{name}: {:?} refused", tok.piece(id));
+        assert!(!c.is_done());
+        c.advance(tok, id);
+    }
+    assert!(c.is_done(), "{name}");
+    eprintln!(
+        "{name}: {} tokens, {} in the vocabulary: the first mask took {:.2} ms, the slowest after it {:.2} ms",
+        ids.len(),
+        tok.vocab_size(),
+        first * 1e3,
+        slowest * 1e3
+    );
+}
