@@ -11,7 +11,8 @@ use crate::{
     error::ClientError,
     generation::GenerationEvent,
     protocol::{
-        CacheReport, DoneEvent, GenerateRequest, JobRecord, ModelInfo, StatusReport, TokenPiece,
+        CacheReport, DoneEvent, GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport,
+        TokenPiece,
     },
 };
 
@@ -41,7 +42,18 @@ impl Client {
     }
 
     pub fn generate(&self, request: GenerateRequest) -> Result<Generation, ClientError> {
-        let inner = self.runtime.block_on(self.inner.generate(request))?;
+        self.generate_as(request, OutputFormat::Text)
+    }
+
+    /// See [`crate::Client::generate_as`].
+    pub fn generate_as(
+        &self,
+        request: GenerateRequest,
+        format: OutputFormat,
+    ) -> Result<Generation, ClientError> {
+        let inner = self
+            .runtime
+            .block_on(self.inner.generate_as(request, format))?;
         Ok(Generation {
             runtime: Arc::clone(&self.runtime),
             inner,

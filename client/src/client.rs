@@ -26,8 +26,8 @@ use crate::{
     generation::{Generation, GenerationEvent},
     protocol::{
         CacheReport, ClientMessage, ErrorEvent, ErrorKind, ExternalJob, GenerateRequest, Hello,
-        JobRecord, ModelInfo, ServerMessage, StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR,
-        PROTOCOL_MINOR,
+        JobRecord, ModelInfo, OutputFormat, ServerMessage, StatusReport, TokenPiece, Welcome,
+        PROTOCOL_MAJOR, PROTOCOL_MINOR,
     },
 };
 
@@ -159,16 +159,31 @@ impl Client {
     /// by the daemon (busy, invalid, context overflow...) is the stream's first and only
     /// item, since the protocol has no acceptance message to wait for.
     pub async fn generate(&self, request: GenerateRequest) -> Result<Generation, ClientError> {
+        self.generate_as(request, OutputFormat::Text).await
+    }
+
+    /// [`Client::generate`] with the text held to `format`. A format other than
+    /// [`OutputFormat::Text`] needs a daemon speaking protocol 1.3 or later (an older one
+    /// gives `VersionMismatch`, and nothing is sent).
+    pub async fn generate_as(
+        &self,
+        request: GenerateRequest,
+        format: OutputFormat,
+    ) -> Result<Generation, ClientError> {
         crate::limits::check_request(&request).map_err(|message| ClientError::InvalidRequest {
             kind: ErrorKind::InvalidRequest,
             message,
         })?;
         let id = request.id;
+        let message = match format {
+            OutputFormat::Text => ClientMessage::Generate(request),
+            format => ClientMessage::GenerateFormatted { request, format },
+        };
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         self.shared
             .routes
             .register(id, Route::Generation(events_tx))?;
-        if let Err(err) = self.send(ClientMessage::Generate(request)) {
+        if let Err(err) = self.send(message) {
             self.shared.routes.remove(id);
             return Err(err);
         }

@@ -473,3 +473,40 @@ async fn record_job_is_refused_locally_by_a_1_0_daemon() {
     assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
     assert_nothing_was_sent(client, daemon).await;
 }
+
+#[tokio::test]
+async fn json_output_is_refused_locally_by_a_1_2_daemon() {
+    let (client, daemon) = connected_minor(2).await;
+    let err = client
+        .generate_as(request(1), OutputFormat::JsonObject)
+        .await
+        .map(|_| ())
+        .expect_err("1.2 daemon");
+    assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("1.3 can"), "{err}");
+    assert_nothing_was_sent(client, daemon).await;
+}
+
+#[tokio::test]
+async fn plain_text_goes_as_a_1_0_generate_and_json_as_generate_formatted() {
+    let (client, mut daemon) = connected_minor(3).await;
+    let _text = client
+        .generate_as(request(1), OutputFormat::Text)
+        .await
+        .unwrap();
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::Generate(GenerateRequest { id: 1, .. })))
+    ));
+    let _json = client
+        .generate_as(request(2), OutputFormat::JsonObject)
+        .await
+        .unwrap();
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::GenerateFormatted {
+            request: GenerateRequest { id: 2, .. },
+            format: OutputFormat::JsonObject,
+        }))
+    ));
+}

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 2;
+pub const PROTOCOL_MINOR: u16 = 3;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -57,6 +57,27 @@ pub enum ClientMessage {
     CacheStatus {
         id: u64,
     },
+    /// `Generate` with its text held to a format (JSON output). Since 1.3; answered like
+    /// `Generate`.
+    GenerateFormatted {
+        request: GenerateRequest,
+        format: OutputFormat,
+    },
+}
+
+/// The form a generation's text must take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputFormat {
+    /// Whatever the model writes (what `Generate` gives).
+    #[default]
+    Text,
+    /// One JSON object (RFC 8259) and nothing else: each step only tokens that keep the
+    /// text a valid beginning of one may be chosen, and the generation ends, finish
+    /// reason `Stop`, when the object closes. End-of-generation and control tokens are
+    /// held back until then; stop strings and `max_tokens` still end it early (then the
+    /// object is incomplete). Strings hold valid UTF-8 and no unpaired surrogate escape;
+    /// nesting stops at 64 levels and whitespace between tokens at 64 bytes in a row.
+    JsonObject,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,6 +138,7 @@ impl ClientMessage {
         match self {
             ClientMessage::RecordJob { .. } => 1,
             ClientMessage::CacheStatus { .. } => 2,
+            ClientMessage::GenerateFormatted { .. } => 3,
             ClientMessage::Hello(_)
             | ClientMessage::Generate(_)
             | ClientMessage::Cancel { .. }
@@ -599,7 +621,7 @@ mod tests {
                 0,
                 0,
             ),
-            (ClientMessage::Generate(request), 1, 0),
+            (ClientMessage::Generate(request.clone()), 1, 0),
             (ClientMessage::Cancel { id: 1 }, 2, 0),
             (
                 ClientMessage::Tokenize {
@@ -615,6 +637,14 @@ mod tests {
             (ClientMessage::Models { id: 1 }, 6, 0),
             (ClientMessage::RecordJob { id: 1, job }, 7, 1),
             (ClientMessage::CacheStatus { id: 1 }, 8, 2),
+            (
+                ClientMessage::GenerateFormatted {
+                    request,
+                    format: OutputFormat::JsonObject,
+                },
+                9,
+                3,
+            ),
         ];
         check(&cases, ClientMessage::since_minor);
     }

@@ -5,7 +5,7 @@ use futures::stream::BoxStream;
 
 use crate::protocol::{
     CacheReport, DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo,
-    PrefillEvent, StatusReport, TokenEvent,
+    OutputFormat, PrefillEvent, StatusReport, TokenEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -48,9 +48,14 @@ pub enum BackendError {
 ///
 /// Methods return boxed futures so the trait stays object safe (`Arc<dyn Backend>`).
 pub trait Backend: Send + Sync + 'static {
-    /// Starts a generation. The implementation chooses `req.id` (whatever the caller put
-    /// there is overwritten), because ids must be unique on the daemon connection.
-    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<EventStream, BackendError>>;
+    /// Starts a generation whose text takes `format`. The implementation chooses `req.id`
+    /// (whatever the caller put there is overwritten), because ids must be unique on the
+    /// daemon connection.
+    fn generate(
+        &self,
+        req: GenerateRequest,
+        format: OutputFormat,
+    ) -> BoxFuture<'_, Result<EventStream, BackendError>>;
     fn models(&self) -> BoxFuture<'_, Result<Vec<ModelInfo>, BackendError>>;
     fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>>;
     /// The most recent finished jobs, newest first, at most `limit`.

@@ -10,7 +10,7 @@ use tokio::sync::Mutex;
 
 use super::backend::{Backend, BackendError, BackendEvent, EventStream};
 use crate::protocol::{
-    CacheReport, ExternalJob, GenerateRequest, JobRecord, ModelInfo, StatusReport,
+    CacheReport, ExternalJob, GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport,
 };
 use crate::{Client, ClientError, GenerationEvent};
 
@@ -110,14 +110,18 @@ fn backend_event(event: GenerationEvent) -> BackendEvent {
 }
 
 impl Backend for DaemonBackend {
-    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<EventStream, BackendError>> {
+    fn generate(
+        &self,
+        req: GenerateRequest,
+        format: OutputFormat,
+    ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         Box::pin(async move {
             let generation = self
                 .with_client(|client| {
                     let mut req = req.clone();
                     async move {
                         req.id = client.next_request_id();
-                        client.generate(req).await
+                        client.generate_as(req, format).await
                     }
                 })
                 .await?;

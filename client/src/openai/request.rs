@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
-use crate::protocol::{ChatMessage, GenerateRequest, PromptInput, SamplingParams};
+use crate::protocol::{ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams};
 
 /// The daemon's cap on alternatives per token.
 const MAX_TOP_LOGPROBS: u32 = 20;
@@ -29,6 +29,8 @@ pub struct ParsedRequest {
     pub stream: bool,
     /// `stream_options.include_usage`: send a final usage chunk.
     pub include_usage: bool,
+    /// `response_format`: plain text, or a JSON object.
+    pub format: OutputFormat,
 }
 
 /// Fields shared by `/v1/chat/completions` and `/v1/completions`.
@@ -136,14 +138,18 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             ));
         }
     }
-    if let Some(format) = &chat.response_format {
-        if format.kind != "text" {
+    let format = match chat.response_format.as_ref().map(|f| f.kind.as_str()) {
+        None | Some("text") => OutputFormat::Text,
+        Some("json_object") => OutputFormat::JsonObject,
+        Some(kind) => {
             return Err(ApiError::unsupported(
                 "response_format",
-                format!("response_format type '{}' is not supported", format.kind),
-            ));
+                format!(
+                    "response_format type '{kind}' is not supported (use 'json_object' or 'text')"
+                ),
+            ))
         }
-    }
+    };
     let logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
         (false, Some(_)) => {
             return Err(ApiError::invalid(
@@ -166,7 +172,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
         .enumerate()
         .map(|(i, m)| chat_message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
-    build(common, PromptInput::Chat { messages }, logprobs)
+    build(common, PromptInput::Chat { messages }, logprobs, format)
 }
 
 /// Parses and validates a `/v1/completions` body. The prompt is used raw (no template).
@@ -209,6 +215,7 @@ pub fn parse_completion(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             special: true,
         },
         logprobs,
+        OutputFormat::Text,
     )
 }
 
@@ -304,6 +311,7 @@ fn build(
     common: CommonFields,
     input: PromptInput,
     logprobs: Option<u8>,
+    format: OutputFormat,
 ) -> Result<ParsedRequest, ApiError> {
     if let Some(n) = common.n {
         if n != 1 {
@@ -350,6 +358,7 @@ fn build(
         generate,
         stream,
         include_usage,
+        format,
     })
 }
 

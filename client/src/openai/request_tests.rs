@@ -199,7 +199,7 @@ fn out_of_range_values_are_refused() {
         (json!({"logit_bias": {"5": 101}}), "logit_bias.5"),
         (json!({"tools": [{"type": "function"}]}), "tools"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
             "response_format",
         ),
         (json!({"temperature": 1e39}), "temperature"),
@@ -307,4 +307,24 @@ fn negative_seeds_map_to_distinct_fixed_values() {
     assert_eq!(seed(-1), seed(-1));
     assert_ne!(seed(-1), seed(-2));
     assert_eq!(seed(7), Some(7));
+}
+
+#[test]
+fn response_format_picks_the_output_format() {
+    let parse = |format: Option<Value>| {
+        let mut body = json!({"messages": user("x")});
+        if let Some(format) = format {
+            body["response_format"] = format;
+        }
+        chat(body).expect("valid").format
+    };
+    assert_eq!(parse(None), OutputFormat::Text);
+    assert_eq!(parse(Some(json!({"type": "text"}))), OutputFormat::Text);
+    assert_eq!(
+        parse(Some(json!({"type": "json_object"}))),
+        OutputFormat::JsonObject
+    );
+    // Completions have no response_format.
+    let completion = parse_completion(br#"{"prompt": "x"}"#).unwrap();
+    assert_eq!(completion.format, OutputFormat::Text);
 }

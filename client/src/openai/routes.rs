@@ -73,7 +73,10 @@ async fn generate(
         None => loaded_model(state.backend.as_ref()).await?.name,
     };
     let logprobs = parsed.generate.logprobs.is_some();
-    let mut events = state.backend.generate(parsed.generate).await?;
+    let mut events = state
+        .backend
+        .generate(parsed.generate, parsed.format)
+        .await?;
     // Wait for the first event before answering, so that a refusal (busy, unknown model,
     // context overflow) gets its own HTTP status instead of a 200 stream that fails at once.
     // If the client leaves meanwhile, this future is dropped and the generation with it.

@@ -95,6 +95,11 @@ pub fn client_message() -> impl Strategy<Value = ClientMessage> {
         any::<u64>().prop_map(|id| ClientMessage::Models { id }),
         (any::<u64>(), external_job()).prop_map(|(id, job)| ClientMessage::RecordJob { id, job }),
         any::<u64>().prop_map(|id| ClientMessage::CacheStatus { id }),
+        (
+            generate(),
+            prop_oneof![Just(OutputFormat::Text), Just(OutputFormat::JsonObject)]
+        )
+            .prop_map(|(request, format)| ClientMessage::GenerateFormatted { request, format }),
     ]
 }
 

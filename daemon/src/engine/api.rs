@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use spark_client::protocol::{
     CacheReport, ErrorEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo,
-    ServerMessage, StatusReport, TokenPiece,
+    OutputFormat, ServerMessage, StatusReport, TokenPiece,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -26,6 +26,7 @@ pub struct Submission {
     pub conn: ConnId,
     pub client: ClientInfo,
     pub request: GenerateRequest,
+    pub format: OutputFormat,
     /// When the request's frame was decoded: the start of `queue_ms` and `ttft_ms`.
     pub arrived: Instant,
     /// Where this request's `Token`, `Error` and final `Done` go. The engine never

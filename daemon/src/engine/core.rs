@@ -12,6 +12,8 @@ use spark_client::protocol::{ErrorKind, FinishReason, ServerMessage, TokenEvent,
 
 use crate::backend::Backend;
 use crate::model::{Model, SeqInput, BLOCK_TOKENS};
+use crate::text::constraint::JsonFilter;
+use crate::text::sampler::TokenFilter;
 use crate::text::Tokenizer;
 
 use super::jobs::{CacheLoad, Shared};
@@ -386,6 +388,8 @@ impl EngineCore {
             let s = &mut self.running[i];
             match choice {
                 Some((token, lp)) => emit(s, token, lp, &self.tokenizer, ctx),
+                // Its output format allowed no token: already reported by `sample`.
+                None if s.finish.is_some() => {}
                 // The backend handed over fewer rows than the step asked for: a bug,
                 // reported on the request rather than answered with a made-up token.
                 None => {
@@ -534,18 +538,36 @@ fn prefix_in_progress(running: &[Sequence], reusable: &[u32], reused: usize) -> 
 }
 
 /// One sequence's next token (and its logprobs, when asked for) from its logit row.
-fn sample(s: &mut Sequence, logits: &mut [f32], tok: &Tokenizer) -> (u32, Option<TokenLogprobs>) {
+/// `None` when its output format allows no token here: the sequence ends with an error.
+fn sample(
+    s: &mut Sequence,
+    logits: &mut [f32],
+    tok: &Tokenizer,
+) -> Option<(u32, Option<TokenLogprobs>)> {
+    let mut json = s.json.as_mut().map(|constraint| JsonFilter {
+        constraint,
+        tokenizer: tok,
+    });
+    let filter = json.as_mut().map(|f| f as &mut dyn TokenFilter);
     // Logprobs describe the model's own distribution, before penalties and temperature.
-    match s.logprobs {
-        Some(n) => {
-            let (token, lp) = s
-                .sampler
-                .sample_with_logprobs(logits, &s.tokens, n as usize, tok, None)
-                .expect("no filter: always a token");
-            (token, Some(lp))
-        }
-        None => (s.sampler.sample(logits, &s.tokens), None),
+    let choice = match s.logprobs {
+        Some(n) => s
+            .sampler
+            .sample_with_logprobs(logits, &s.tokens, n as usize, tok, filter)
+            .map(|(token, lp)| (token, Some(lp))),
+        None => s
+            .sampler
+            .sample_filtered(logits, &s.tokens, filter)
+            .map(|token| (token, None)),
+    };
+    if choice.is_none() {
+        s.send_error(
+            ErrorKind::Engine,
+            "no token of this model's vocabulary can continue the JSON output".into(),
+        );
+        s.finish.get_or_insert(FinishReason::Error);
     }
+    choice
 }
 
 /// The next token of each `(running index, logit row)` in `picking` (increasing in
@@ -601,7 +623,7 @@ fn choose_tokens(
     let run = |t: usize| {
         let mut task = tasks[t].lock().unwrap_or_else(|e| e.into_inner());
         let Task { seq, logits, out } = &mut *task;
-        **out = Some(sample(seq, logits, tok));
+        **out = sample(seq, logits, tok);
     };
     host.for_each_task(tasks.len(), &run);
     drop(tasks);
@@ -619,6 +641,9 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
     }
     s.timings.last_token = Some(now);
     s.tokens.push(token);
+    if let Some(json) = &mut s.json {
+        json.advance(tok, token);
+    }
 
     let mut text = String::new();
     let eog = tok.is_eog(token);
@@ -630,6 +655,9 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
             s.finish = Some(FinishReason::Stop);
         }
     } else {
+        s.finish = Some(FinishReason::Stop);
+    }
+    if s.finish.is_none() && s.json.as_ref().is_some_and(|j| j.is_done()) {
         s.finish = Some(FinishReason::Stop);
     }
     if s.finish.is_none() && (s.completion_tokens() >= s.max_tokens || s.tokens.len() >= ctx) {

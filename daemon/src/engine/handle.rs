@@ -11,11 +11,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use spark_client::protocol::{
     CacheReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateRequest, JobRecord,
-    ModelInfo, PromptInput, StatusReport, TokenPiece,
+    ModelInfo, OutputFormat, PromptInput, StatusReport, TokenPiece,
 };
 
 use crate::backend::{Backend, CpuBackend, DeviceReport};
 use crate::model::{Model, BLOCK_TOKENS};
+use crate::text::constraint::JsonConstraint;
 use crate::text::{
     sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
 };
@@ -377,6 +378,7 @@ impl EngineHandle {
             sampler,
             decoder: StreamDecoder::skipping_control(),
             stop: StopMatcher::new(&req.stop),
+            json: (sub.format == OutputFormat::JsonObject).then(JsonConstraint::new),
             logprobs: req.logprobs,
             events: sub.events,
             timings: SeqTimings {

@@ -10,6 +10,7 @@ use spark_client::protocol::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::model::BlockTable;
+use crate::text::constraint::JsonConstraint;
 use crate::text::{Sampler, StopMatcher, StreamDecoder};
 
 use super::api::{ClientInfo, ConnId};
@@ -78,6 +79,8 @@ pub struct Sequence {
     pub sampler: Sampler,
     pub decoder: StreamDecoder,
     pub stop: StopMatcher,
+    /// JSON output: what the text so far allows next.
+    pub json: Option<JsonConstraint>,
     pub logprobs: Option<u8>,
     pub events: UnboundedSender<ServerMessage>,
     pub timings: SeqTimings,
@@ -88,10 +91,9 @@ pub struct Sequence {
 
 impl Sequence {
     /// When its next token is the argmax of the logits plus a bias (greedy, no penalty,
-    /// no logprobs), that bias: a backend may add it and pick on the device.
+    /// no logprobs, any text), that bias: a backend may add it and pick on the device.
     pub fn argmax_bias(&self) -> Option<&[(u32, f32)]> {
-        self.logprobs
-            .is_none()
+        (self.logprobs.is_none() && self.json.is_none())
             .then(|| self.sampler.argmax_bias())
             .flatten()
     }

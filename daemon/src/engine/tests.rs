@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
-    CacheReport, DoneEvent, FinishReason, GenerateRequest, PrefillEvent, PromptInput,
+    CacheReport, DoneEvent, FinishReason, GenerateRequest, OutputFormat, PrefillEvent, PromptInput,
     SamplingParams, ServerMessage,
 };
 
@@ -124,6 +124,17 @@ fn submit_with(
     max_tokens: u32,
     sampling: SamplingParams,
 ) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
+    submit_as(engine, id, text, max_tokens, sampling, OutputFormat::Text)
+}
+
+fn submit_as(
+    engine: &EngineHandle,
+    id: u64,
+    text: &str,
+    max_tokens: u32,
+    sampling: SamplingParams,
+    format: OutputFormat,
+) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenerateRequest {
         id,
@@ -139,6 +150,7 @@ fn submit_with(
     };
     engine
         .submit(Submission {
+            format,
             conn: 1,
             client: ClientInfo::default(),
             request,
@@ -415,4 +427,78 @@ fn prompt_chunks_beside_decoding_streams_fit_the_step_target() {
         .collect();
     assert!(mixed.len() >= n_prompt / 24, "{mixed:?}");
     assert!(mixed.iter().all(|s| s.tokens <= 24), "{mixed:?}");
+}
+
+/// The synthetic vocabulary's first 256 tokens are the bytes, in order.
+const OPEN_BRACE: u32 = b'{' as u32;
+const CLOSE_BRACE: u32 = b'}' as u32;
+
+#[test]
+fn json_output_refuses_what_the_model_prefers_and_ends_when_the_object_closes() {
+    let (engine, _) = engine(true);
+    // `}` pushed far above everything: as plain text it comes first; as JSON it cannot
+    // until an object is open, and then it closes it and ends the generation.
+    let sampling = SamplingParams {
+        logit_bias: vec![(CLOSE_BRACE, 60.0), (OPEN_BRACE, 30.0)],
+        ..SamplingParams::default()
+    };
+    let text = submit_as(
+        &engine,
+        1,
+        "hello",
+        20,
+        sampling.clone(),
+        OutputFormat::Text,
+    );
+    let (tokens, _, _) = collect(text);
+    assert_eq!(tokens[0], CLOSE_BRACE);
+
+    let json = submit_as(&engine, 2, "hello", 20, sampling, OutputFormat::JsonObject);
+    let (tokens, answer, done) = collect(json);
+    assert_eq!(tokens, [OPEN_BRACE, CLOSE_BRACE]);
+    assert_eq!(answer, "{}");
+    assert_eq!(done.finish_reason, FinishReason::Stop);
+    assert_eq!(done.usage.completion_tokens, 2);
+}
+
+#[test]
+fn sampled_json_output_is_always_a_valid_beginning_and_whole_when_it_stops() {
+    let (engine, _) = engine(true);
+    let mut stopped = 0;
+    for seed in 0..24 {
+        let sampling = SamplingParams {
+            temperature: 1.5,
+            seed: Some(seed),
+            // Closers a little likelier, so that some objects close within the budget.
+            logit_bias: vec![(CLOSE_BRACE, 4.0), (b']' as u32, 3.0), (b'"' as u32, 3.0)],
+            ..SamplingParams::default()
+        };
+        let events = submit_as(
+            &engine,
+            seed + 1,
+            "data:",
+            48,
+            sampling,
+            OutputFormat::JsonObject,
+        );
+        let (_, answer, done) = collect(events);
+        let mut acceptor = crate::text::json::JsonAcceptor::new();
+        assert!(
+            acceptor.feed_all(answer.as_bytes()),
+            "seed {seed}: {answer:?}"
+        );
+        match done.finish_reason {
+            FinishReason::Stop => {
+                stopped += 1;
+                assert!(acceptor.is_done(), "seed {seed}: {answer:?}");
+                let value: serde_json::Value = serde_json::from_str(&answer)
+                    .unwrap_or_else(|e| panic!("seed {seed}: {answer:?}: {e}"));
+                assert!(value.is_object());
+            }
+            FinishReason::Length => assert!(!acceptor.is_done()),
+            other => panic!("seed {seed}: finished {other:?}"),
+        }
+    }
+    eprintln!("{stopped} of 24 objects closed within 48 tokens");
+    assert!(stopped > 0, "no object ever closed: the test shows nothing");
 }

@@ -17,8 +17,8 @@ use futures::{FutureExt, SinkExt, StreamExt};
 use spark_client::{
     codec::{CodecError, MessageCodec},
     protocol::{
-        ClientMessage, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, Hello, ServerMessage,
-        Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+        ClientMessage, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, Hello, OutputFormat,
+        ServerMessage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
     },
 };
 use tokio::{
@@ -299,7 +299,10 @@ impl Connection {
                     "Hello was already sent on this connection",
                 ));
             }
-            ClientMessage::Generate(request) => self.generate(request, arrived),
+            ClientMessage::Generate(request) => self.generate(request, OutputFormat::Text, arrived),
+            ClientMessage::GenerateFormatted { request, format } => {
+                self.generate(request, format, arrived)
+            }
             ClientMessage::Cancel { id } => {
                 if self.running.contains(&id) {
                     self.engine.cancel(self.conn, id, FinishReason::Cancelled);
@@ -341,7 +344,7 @@ impl Connection {
         Ok(())
     }
 
-    fn generate(&mut self, request: GenerateRequest, arrived: Instant) {
+    fn generate(&mut self, request: GenerateRequest, format: OutputFormat, arrived: Instant) {
         let id = request.id;
         if self.draining {
             self.reply(request_error(
@@ -360,6 +363,7 @@ impl Connection {
             conn: self.conn,
             client: self.client,
             request,
+            format,
             arrived,
             events: self.events_tx.clone(),
         };

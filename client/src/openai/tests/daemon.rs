@@ -19,8 +19,8 @@ use super::fake::{model_info, status_report, timings_for};
 use crate::codec::MessageCodec;
 use crate::openai::{bind, router, serve, DaemonBackend, RouterOptions};
 use crate::protocol::{
-    ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, PromptInput,
-    ServerMessage, TokenEvent, Usage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, OutputFormat,
+    PromptInput, ServerMessage, TokenEvent, Usage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 
 const PIECES: &[&str] = &["Bon", "jour"];
@@ -29,6 +29,8 @@ const PIECES: &[&str] = &["Bon", "jour"];
 #[derive(Default)]
 struct Seen {
     cancels: Mutex<Vec<u64>>,
+    /// The output format of each generation, as the daemon received it.
+    formats: Mutex<Vec<OutputFormat>>,
     cancel_notify: Notify,
     connections: AtomicUsize,
 }
@@ -98,10 +100,12 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                         daemon_version: "fake".into(),
                         max_frame_bytes: 1 << 20,
                     })),
-                    ClientMessage::Generate(req) => {
-                        if let Some(rx) = generate(req, out_tx.clone()) {
-                            hanging.insert(rx.0, rx.1);
-                        }
+                    ClientMessage::Generate(request) => {
+                        start(&seen, &mut hanging, request, OutputFormat::Text, &out_tx);
+                        None
+                    }
+                    ClientMessage::GenerateFormatted { request, format } => {
+                        start(&seen, &mut hanging, request, format, &out_tx);
                         None
                     }
                     ClientMessage::Cancel { id } => {
@@ -122,6 +126,20 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                 }
             }
         }
+    }
+}
+
+/// Books a generation's format and starts it.
+fn start(
+    seen: &Seen,
+    hanging: &mut HashMap<u64, oneshot::Sender<()>>,
+    request: GenerateRequest,
+    format: OutputFormat,
+    out: &mpsc::UnboundedSender<ServerMessage>,
+) {
+    seen.formats.lock().unwrap().push(format);
+    if let Some((id, cancel)) = generate(request, out.clone()) {
+        hanging.insert(id, cancel);
     }
 }
 
@@ -255,6 +273,19 @@ async fn generations_reach_the_daemon_through_the_real_client() {
         .await
         .unwrap();
     assert_eq!(models["data"][0]["id"], model_info().name);
+    // JSON output goes to the daemon as such.
+    let mut body = chat("hi", false);
+    body["response_format"] = serde_json::json!({"type": "json_object"});
+    let (status, text) = post_chat(&base, &body).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        *daemon.seen.formats.lock().unwrap(),
+        [
+            OutputFormat::Text,
+            OutputFormat::Text,
+            OutputFormat::JsonObject
+        ]
+    );
     // One shared connection for everything.
     assert_eq!(daemon.seen.connections.load(Ordering::SeqCst), 1);
     daemon.stop().await;

@@ -14,7 +14,8 @@ use crate::openai::{
 };
 use crate::protocol::{
     CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo,
-    PrefillEvent, PromptInput, StatusReport, Timings, TokenEvent, TokenLogprobs, Usage,
+    OutputFormat, PrefillEvent, PromptInput, StatusReport, Timings, TokenEvent, TokenLogprobs,
+    Usage,
 };
 
 /// The model the fake has "loaded".
@@ -44,6 +45,8 @@ pub struct FakeBackend {
     next_id: AtomicU64,
     /// Every request `generate` received, ids assigned.
     pub requests: Mutex<Vec<GenerateRequest>>,
+    /// The output format of each of them.
+    pub formats: Mutex<Vec<OutputFormat>>,
     /// Generations dropped before their `Done` (what cancels the job in the real daemon).
     pub cancelled: AtomicUsize,
     pub cancelled_notify: Notify,
@@ -55,6 +58,7 @@ impl FakeBackend {
             behaviour: Mutex::new(behaviour),
             next_id: AtomicU64::new(1),
             requests: Mutex::new(Vec::new()),
+            formats: Mutex::new(Vec::new()),
             cancelled: AtomicUsize::new(0),
             cancelled_notify: Notify::new(),
         })
@@ -256,11 +260,13 @@ impl Backend for SharedFake {
     fn generate(
         &self,
         mut req: GenerateRequest,
+        format: OutputFormat,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         Box::pin(async move {
             let fake = &self.0;
             req.id = fake.next_id.fetch_add(1, Ordering::SeqCst);
             fake.requests.lock().unwrap().push(req.clone());
+            fake.formats.lock().unwrap().push(format);
             if let Some(model) = &req.model {
                 if model != MODEL {
                     let err = BackendError::Rejected {

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ASSETS, CONTENT_SECURITY_POLICY as CSP, INDEX};
 use crate::openai::{bind, router, serve, Backend, BackendError, EventStream, RouterOptions};
-use crate::protocol::{GenerateRequest, JobRecord, ModelInfo, StatusReport};
+use crate::protocol::{GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport};
 
 /// No daemon at all: the page must be served without one.
 struct NoDaemon;
@@ -18,7 +18,11 @@ fn gone<T>() -> BoxFuture<'static, Result<T, BackendError>> {
 }
 
 impl Backend for NoDaemon {
-    fn generate(&self, _: GenerateRequest) -> BoxFuture<'_, Result<EventStream, BackendError>> {
+    fn generate(
+        &self,
+        _: GenerateRequest,
+        _: OutputFormat,
+    ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         gone()
     }
     fn models(&self) -> BoxFuture<'_, Result<Vec<ModelInfo>, BackendError>> {

@@ -9,7 +9,8 @@ use std::{
 
 use spark_client::protocol::{
     CacheReport, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, ModelInfo,
-    PrefillEvent, PromptInput, ServerMessage, StatusReport, Timings, TokenEvent, TokenPiece, Usage,
+    OutputFormat, PrefillEvent, PromptInput, ServerMessage, StatusReport, Timings, TokenEvent,
+    TokenPiece, Usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +46,7 @@ pub struct FakeEngine {
 struct State {
     running: HashMap<(ConnId, u64), Running>,
     submissions: Vec<(ConnId, ClientInfo, u64)>,
+    formats: Vec<(u64, OutputFormat)>,
     cancels: Vec<(ConnId, u64, FinishReason)>,
     connection_cancels: Vec<ConnId>,
     finished: Vec<((ConnId, u64), FinishReason, u32)>,
@@ -87,6 +89,11 @@ impl FakeEngine {
 
     pub fn submissions(&self) -> Vec<(ConnId, ClientInfo, u64)> {
         self.lock().submissions.clone()
+    }
+
+    /// (request id, output format) of every submission.
+    pub fn formats(&self) -> Vec<(u64, OutputFormat)> {
+        self.lock().formats.clone()
     }
 
     pub fn cancels(&self) -> Vec<(ConnId, u64, FinishReason)> {
@@ -153,6 +160,7 @@ impl Engine for FakeEngine {
             conn,
             client,
             request,
+            format,
             arrived,
             events,
         } = submission;
@@ -175,6 +183,7 @@ impl Engine for FakeEngine {
             });
         }
         state.submissions.push((conn, client, id));
+        state.formats.push((id, format));
         let stop = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
         state.running.insert(

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use futures::{future::join_all, StreamExt};
 use spark_client::{
-    protocol::{ErrorKind, FinishReason},
+    protocol::{ErrorKind, FinishReason, OutputFormat},
     Client, ClientError, ConnectOptions, GenerationEvent,
 };
 
@@ -427,4 +427,24 @@ fn blocking_client_streams_and_queries() {
     assert_eq!(client.models().unwrap().len(), 1);
     drop(client);
     drop(server);
+}
+
+#[tokio::test]
+async fn the_output_format_reaches_the_engine_with_its_request() {
+    let server = TestServer::start(FakeEngine::new(Duration::from_millis(1))).await;
+    let client = server.client().await;
+    for (id, format) in [(1, OutputFormat::JsonObject), (2, OutputFormat::Text)] {
+        let (_, done) = client
+            .generate_as(request(id, "hi", 2), format)
+            .await
+            .unwrap()
+            .collect_text()
+            .await
+            .unwrap();
+        assert_eq!(done.id, id);
+    }
+    assert_eq!(
+        server.engine.formats(),
+        [(1, OutputFormat::JsonObject), (2, OutputFormat::Text)]
+    );
 }

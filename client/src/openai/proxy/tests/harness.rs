@@ -21,8 +21,8 @@ use crate::openai::{
     bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
 };
 use crate::protocol::{
-    DoneEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo, StatusReport,
-    TokenEvent, Usage,
+    DoneEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo, OutputFormat,
+    StatusReport, TokenEvent, Usage,
 };
 
 pub fn http() -> reqwest::Client {
@@ -221,7 +221,11 @@ impl FakeDaemon {
 pub struct SharedDaemon(pub Arc<FakeDaemon>);
 
 impl Backend for SharedDaemon {
-    fn generate(&self, req: GenerateRequest) -> BoxFuture<'_, Result<EventStream, BackendError>> {
+    fn generate(
+        &self,
+        req: GenerateRequest,
+        _: OutputFormat,
+    ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         Box::pin(async move {
             if self.0.is_down() {
                 return Err(FakeDaemon::unavailable());
