@@ -3,7 +3,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use sparkd_e2e::{bin, tiny_model, Daemon, TempDir};
+use sparkd_e2e::{bin, default_model, tiny_model, Daemon, TempDir};
 
 fn spark(socket: &std::path::Path, args: &[&str]) -> Output {
     Command::new(bin("spark"))
@@ -442,4 +442,81 @@ fn bench_refuses_a_missing_peer_clearly() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// `spark run --json --format json ...`: the answer's text and its finish reason.
+fn run_json_output(socket: &std::path::Path, args: &[&str]) -> (String, String) {
+    let mut all = vec!["run", "--json", "--format", "json"];
+    all.extend_from_slice(args);
+    let out = spark(socket, &all);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    let answer: String = events
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .map(|e| e["text"].as_str().unwrap())
+        .collect();
+    let done = events.last().expect("a done line");
+    (answer, done["finish_reason"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn format_json_holds_the_answer_to_one_json_object() {
+    let d = Daemon::start(&tiny_model(), &[]);
+    // Random weights, sampled: whatever comes is the beginning of an object, and a
+    // whole one when the generation stopped by itself.
+    let mut closed = 0;
+    for seed in ["1", "2", "3", "4", "5", "6"] {
+        let (answer, finish) = run_json_output(
+            &d.socket,
+            &[
+                "--raw",
+                "--max-tokens",
+                "48",
+                "--temperature",
+                "1.2",
+                "--seed",
+                seed,
+                "data:",
+            ],
+        );
+        assert!(answer.trim_start().starts_with('{'), "{answer:?}");
+        if finish == "stop" {
+            closed += 1;
+            let value: serde_json::Value =
+                serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
+            assert!(value.is_object(), "{answer:?}");
+        } else {
+            assert_eq!(finish, "length");
+        }
+    }
+    eprintln!("{closed} of 6 objects closed within 48 tokens");
+
+    let out = spark(&d.socket, &["run", "--format", "yaml", "hi"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("json"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn format_json_on_the_default_model_answers_a_whole_object() {
+    let Some(model) = default_model() else {
+        eprintln!("skipping: the default model is not on this machine");
+        return;
+    };
+    let d = Daemon::start(&model, &[]);
+    let (answer, finish) = run_json_output(
+        &d.socket,
+        &[
+            "--max-tokens",
+            "200",
+            "Describe a cat as JSON with name, age and color.",
+        ],
+    );
+    assert_eq!(finish, "stop", "{answer:?}");
+    let value: serde_json::Value =
+        serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
+    assert!(value.is_object(), "{answer:?}");
 }

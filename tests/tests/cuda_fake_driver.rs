@@ -273,6 +273,29 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
     assert_eq!(on_device.0.len(), 4);
     assert_ne!(on_device.0[0], a.0[0], "the unbiased first pick is banned");
 
+    // JSON output takes a greedy row to the host, where the mask holds back the `}` a
+    // bias makes the model prefer until `{` has opened an object, which it then closes.
+    let close_first = GenerateRequest {
+        sampling: SamplingParams {
+            logit_bias: vec![(u32::from(b'}'), 60.0), (u32::from(b'{'), 30.0)],
+            ..greedy(10, "hello there", 4).sampling
+        },
+        ..greedy(10, "hello there", 4)
+    };
+    let mut json = c
+        .generate_as(close_first, OutputFormat::JsonObject)
+        .await
+        .expect("generate accepted");
+    let (mut text, mut finish) = (String::new(), None);
+    while let Some(ev) = json.next().await {
+        match ev.expect("stream event") {
+            GenerationEvent::Prefilled(_) => {}
+            GenerationEvent::Token(t) => text.push_str(&t.text),
+            GenerationEvent::Done(done) => finish = Some(done.finish_reason),
+        }
+    }
+    assert_eq!((text.as_str(), finish), ("{}", Some(FinishReason::Stop)));
+
     // A prompt of several KV blocks, twice: the second takes all its whole blocks from
     // the prefix cache in device memory, computes only the rest and answers the same.
     let long = "A prompt long enough to fill a few blocks of the KV cache, asked twice.";

@@ -86,7 +86,10 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                 global.requested_model(),
                 args.request.chat(&turns),
             );
-            let answer = match client.generate(request).await {
+            let answer = match client
+                .generate_as(request, args.request.format.into())
+                .await
+            {
                 Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
                 Err(err) => Err(err.into()),
             };

@@ -1,6 +1,8 @@
 //! The generation flags `run` and `chat` share, and the request they make.
 
-use spark_client::protocol::{ChatMessage, GenerateRequest, PromptInput, SamplingParams};
+use spark_client::protocol::{
+    ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams,
+};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RequestArgs {
@@ -31,6 +33,25 @@ pub struct RequestArgs {
     /// End generation before this text (repeatable)
     #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
+    /// `json`: the answer is one JSON object, held to valid JSON token by token
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// What form the answer takes (`--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+impl From<Format> for OutputFormat {
+    fn from(format: Format) -> Self {
+        match format {
+            Format::Text => OutputFormat::Text,
+            Format::Json => OutputFormat::JsonObject,
+        }
+    }
 }
 
 impl RequestArgs {

@@ -49,11 +49,11 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     } else {
         args.request.chat(&[ChatMessage::new("user", prompt)])
     };
+    let request = args
+        .request
+        .request(client.next_request_id(), global.requested_model(), input);
     let generation = client
-        .generate(
-            args.request
-                .request(client.next_request_id(), global.requested_model(), input),
-        )
+        .generate_as(request, args.request.format.into())
         .await?;
     let mode = if args.json { Mode::Json } else { Mode::Text };
     let outcome = stream::stream(generation, mode, &mut interrupts).await?;
