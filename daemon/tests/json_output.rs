@@ -7,48 +7,20 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use sparkd::gguf::GgufFile;
 use sparkd::text::constraint::{JsonConstraint, JsonFilter};
 use sparkd::text::sampler::TokenFilter;
-use sparkd::text::{Tokenizer, TokenizerSpec};
+use sparkd::text::Tokenizer;
 
-fn default_model() -> Option<PathBuf> {
-    let env_dir =
-        |var: &str, tail: &str| std::env::var_os(var).map(|d| PathBuf::from(d).join(tail));
-    [
-        env_dir("SPARKD_MODELS", ""),
-        env_dir("XDG_DATA_HOME", "sparkd/models"),
-        env_dir("HOME", ".local/share/sparkd/models"),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|dir| dir.join("smollm2-135m-instruct.gguf"))
-    .find(|p| p.is_file())
-}
+mod support;
 
-/// Vocabulary-only files made by `make_vocab_ggufs.py`.
-fn test_vocab(file: &str) -> Option<PathBuf> {
-    let env_dir =
-        |var: &str, tail: &str| std::env::var_os(var).map(|d| PathBuf::from(d).join(tail));
-    [
-        env_dir("SPARKD_TEST_VOCABS", ""),
-        env_dir("XDG_CACHE_HOME", "sparkd/test-vocabs"),
-        env_dir("HOME", ".cache/sparkd/test-vocabs"),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|dir| dir.join(file))
-    .find(|p| p.is_file())
-}
+use support::{load_tokenizer, model_path, test_vocab_path, DEFAULT_MODEL};
 
 fn load(name: &str, path: Option<PathBuf>) -> Option<Tokenizer> {
     let Some(path) = path else {
         eprintln!("skipping {name}: its GGUF file is not on this machine");
         return None;
     };
-    let file = GgufFile::open(&path).expect("GGUF opens");
-    let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
-    Some(Tokenizer::new(spec).expect("tokenizer"))
+    Some(load_tokenizer(&path))
 }
 
 /// The ids the mask leaves (every logit starts finite).
@@ -69,10 +41,10 @@ fn masked(c: &mut JsonConstraint, tok: &Tokenizer) -> Vec<u32> {
 #[test]
 fn the_mask_allows_exactly_the_tokens_that_continue_the_json() {
     let vocabs = [
-        ("smollm2", default_model()),
-        ("llama3", test_vocab("llama3-vocab.gguf")),
-        ("qwen3", test_vocab("qwen3-vocab.gguf")),
-        ("llama2", test_vocab("llama2-vocab.gguf")),
+        ("smollm2", model_path(DEFAULT_MODEL)),
+        ("llama3", test_vocab_path("llama3-vocab.gguf")),
+        ("qwen3", test_vocab_path("qwen3-vocab.gguf")),
+        ("llama2", test_vocab_path("llama2-vocab.gguf")),
     ];
     for (name, path) in vocabs {
         if let Some(tok) = load(name, path) {

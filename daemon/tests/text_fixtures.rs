@@ -9,7 +9,9 @@ use spark_client::protocol::ChatMessage;
 use sparkd::gguf::GgufFile;
 use sparkd::text::{ChatTemplate, Tokenizer, TokenizerSpec};
 
-const DEFAULT_MODEL: &str = "smollm2-135m-instruct.gguf";
+mod support;
+
+use support::{load_tokenizer, model_path, test_vocab_path, DEFAULT_MODEL};
 
 fn fixture(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -17,44 +19,6 @@ fn fixture(name: &str) -> Value {
         .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn home() -> Option<PathBuf> {
-    std::env::var_os("HOME").map(PathBuf::from)
-}
-
-/// The default model, looked up like the daemon does.
-fn model_path(file: &str) -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("SPARKD_MODELS").map(PathBuf::from),
-        std::env::var_os("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("sparkd/models")),
-        home().map(|h| h.join(".local/share/sparkd/models")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .map(|d| d.join(file))
-        .find(|p| p.is_file())
-}
-
-/// Vocabulary-only files made by `make_vocab_ggufs.py`.
-fn test_vocab_path(file: &str) -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("SPARKD_TEST_VOCABS").map(PathBuf::from),
-        std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("sparkd/test-vocabs")),
-        home().map(|h| h.join(".cache/sparkd/test-vocabs")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .map(|d| d.join(file))
-        .find(|p| p.is_file())
-}
-
-fn load_tokenizer(path: &std::path::Path) -> Tokenizer {
-    let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
-    Tokenizer::new(spec).expect("tokenizer")
 }
 
 /// Encodes every fixture case and compares with llama.cpp's ids; also checks that text

@@ -84,6 +84,12 @@ enum StrState {
     PairU,
 }
 
+impl StrState {
+    const fn utf8(need: u8, lo: u8, hi: u8) -> Self {
+        StrState::Utf8 { need, lo, hi }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Num {
     Minus,
@@ -337,41 +343,13 @@ impl JsonAcceptor {
                 b'\\' => StrState::Escape,
                 0x00..=0x1F => return false,
                 0x20..=0x7F => StrState::Chars,
-                0xC2..=0xDF => StrState::Utf8 {
-                    need: 1,
-                    lo: 0x80,
-                    hi: 0xBF,
-                },
-                0xE0 => StrState::Utf8 {
-                    need: 2,
-                    lo: 0xA0,
-                    hi: 0xBF,
-                },
-                0xED => StrState::Utf8 {
-                    need: 2,
-                    lo: 0x80,
-                    hi: 0x9F,
-                },
-                0xE1..=0xEF => StrState::Utf8 {
-                    need: 2,
-                    lo: 0x80,
-                    hi: 0xBF,
-                },
-                0xF0 => StrState::Utf8 {
-                    need: 3,
-                    lo: 0x90,
-                    hi: 0xBF,
-                },
-                0xF1..=0xF3 => StrState::Utf8 {
-                    need: 3,
-                    lo: 0x80,
-                    hi: 0xBF,
-                },
-                0xF4 => StrState::Utf8 {
-                    need: 3,
-                    lo: 0x80,
-                    hi: 0x8F,
-                },
+                0xC2..=0xDF => StrState::utf8(1, 0x80, 0xBF),
+                0xE0 => StrState::utf8(2, 0xA0, 0xBF),
+                0xED => StrState::utf8(2, 0x80, 0x9F),
+                0xE1..=0xEF => StrState::utf8(2, 0x80, 0xBF),
+                0xF0 => StrState::utf8(3, 0x90, 0xBF),
+                0xF1..=0xF3 => StrState::utf8(3, 0x80, 0xBF),
+                0xF4 => StrState::utf8(3, 0x80, 0x8F),
                 _ => return false,
             },
             StrState::Utf8 { need, lo, hi } => {
@@ -381,11 +359,7 @@ impl JsonAcceptor {
                 if need == 1 {
                     StrState::Chars
                 } else {
-                    StrState::Utf8 {
-                        need: need - 1,
-                        lo: 0x80,
-                        hi: 0xBF,
-                    }
+                    StrState::utf8(need - 1, 0x80, 0xBF)
                 }
             }
             StrState::Escape => match b {

@@ -1,0 +1,47 @@
+//! What the integration tests share: finding the default model and the vocabulary-only
+//! test files on this machine, and loading a tokenizer from either.
+
+use std::path::{Path, PathBuf};
+
+use sparkd::gguf::GgufFile;
+use sparkd::text::{Tokenizer, TokenizerSpec};
+
+pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct.gguf";
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from)
+}
+
+/// The default model, looked up like the daemon does.
+pub fn model_path(file: &str) -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("SPARKD_MODELS").map(PathBuf::from),
+        std::env::var_os("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("sparkd/models")),
+        home().map(|h| h.join(".local/share/sparkd/models")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(file))
+        .find(|p| p.is_file())
+}
+
+/// Vocabulary-only files made by `make_vocab_ggufs.py`.
+pub fn test_vocab_path(file: &str) -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("SPARKD_TEST_VOCABS").map(PathBuf::from),
+        std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("sparkd/test-vocabs")),
+        home().map(|h| h.join(".cache/sparkd/test-vocabs")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(file))
+        .find(|p| p.is_file())
+}
+
+pub fn load_tokenizer(path: &Path) -> Tokenizer {
+    let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
+    Tokenizer::new(spec).expect("tokenizer")
+}
