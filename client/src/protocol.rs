@@ -75,8 +75,9 @@ pub enum OutputFormat {
     /// text a valid beginning of one may be chosen, and the generation ends, finish
     /// reason `Stop`, when the object closes. End-of-generation and control tokens are
     /// held back until then; stop strings and `max_tokens` still end it early (then the
-    /// object is incomplete). Strings hold valid UTF-8 and no unpaired surrogate escape;
-    /// nesting stops at 64 levels and whitespace between tokens at 64 bytes in a row.
+    /// object is incomplete). The text starts with the `{`; strings hold valid UTF-8 and
+    /// no unpaired surrogate escape; numbers stay below 10^308; nesting stops at 64
+    /// levels and whitespace between tokens at 64 bytes in a row.
     JsonObject,
 }
 

@@ -55,8 +55,15 @@ fn the_mask_allows_exactly_the_tokens_that_continue_the_json() {
 
 fn check_vocab(name: &str, tok: &Tokenizer) {
     let text = "{\n  \"name\": \"Félix 😀\",\n  \"age\": 10, \"tags\": [\"a\\n\", -1.5e+3, true, null],\n  \"x\": {}\n}";
-    let ids = tok.encode(text, false, false);
-    assert_eq!(tok.decode(&ids).trim_start(), text, "{name}");
+    let mut ids = tok.encode(text, false, false);
+    // SentencePiece prefixes a space (`▁{`); JSON output starts at the `{` itself.
+    let first = tok.token_bytes(ids[0]);
+    if let Some(rest) = first.strip_prefix(b" ") {
+        ids[0] = (0..tok.vocab_size() as u32)
+            .find(|&id| tok.token_bytes(id) == rest)
+            .unwrap_or_else(|| panic!("{name}: no token for {rest:?}"));
+    }
+    assert_eq!(tok.decode(&ids), text, "{name}");
     let mut c = JsonConstraint::new();
     // The first mask sorts the vocabulary.
     let started = Instant::now();
