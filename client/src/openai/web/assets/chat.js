@@ -116,6 +116,7 @@ export function setupChat({ modelName, onAuthNeeded, onFinished }) {
     const request = {};
     if (temperature.value !== '') request.temperature = Number(temperature.value);
     if (maxTokens.value !== '') request.max_tokens = Number(maxTokens.value);
+    if ($('json-output').checked) request.response_format = { type: 'json_object' };
     return request;
   }
 
