@@ -76,8 +76,9 @@ pub enum OutputFormat {
     /// reason `Stop`, when the object closes. End-of-generation and control tokens are
     /// held back until then; stop strings and `max_tokens` still end it early (then the
     /// object is incomplete). The text starts with the `{`; strings hold valid UTF-8 and
-    /// no unpaired surrogate escape; numbers stay below 10^308; nesting stops at 64
-    /// levels and whitespace between tokens at 64 bytes in a row.
+    /// no unpaired surrogate escape; numbers stay below 10^308, with at most 32 fraction
+    /// digits; nesting stops at 64 levels and whitespace between tokens at 64 bytes in a
+    /// row.
     JsonObject,
 }
 

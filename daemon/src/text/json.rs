@@ -10,7 +10,8 @@
 //! strict readers: whitespace before the object (the answer starts with `{`, and a
 //! model cannot spend its tokens before it), more than [`MAX_WHITESPACE_RUN`]
 //! whitespace bytes in a row elsewhere outside strings (a small model can otherwise
-//! emit newlines until `max_tokens`), numbers a double cannot hold (10^308 and up),
+//! emit newlines until `max_tokens`), numbers a double cannot hold (10^308 and up) and
+//! fractions of more than [`MAX_FRACTION_DIGITS`] digits (the same, with a digit),
 //! invalid UTF-8
 //! inside strings, and `\u` escapes that leave a surrogate unpaired (serde_json, Go and
 //! Java reject those).
@@ -18,6 +19,9 @@
 /// Longest run of whitespace accepted between tokens: deep pretty-printed indentation
 /// fits, a model stuck on newlines does not.
 pub const MAX_WHITESPACE_RUN: u8 = 64;
+
+/// Most digits after a number's point: twice what a double can tell apart.
+pub const MAX_FRACTION_DIGITS: u8 = 32;
 
 /// Deepest nesting of objects and arrays (the bit stack's width).
 pub const MAX_DEPTH: u8 = 64;
@@ -94,11 +98,15 @@ impl StrState {
 }
 
 /// What bounds a number's size: it must stay below 10^308, which a double holds
-/// (serde_json refuses a number past `f64::MAX` as out of range).
+/// (serde_json refuses a number past `f64::MAX` as out of range), and its fraction
+/// within [`MAX_FRACTION_DIGITS`] (a small model can otherwise repeat a digit until
+/// `max_tokens`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Magnitude {
     /// Digits before the point.
     int_digits: u16,
+    /// Digits after the point.
+    frac_digits: u8,
     /// The exponent's digits so far, as a value (saturating; only a positive one is
     /// bounded, a negative one only rounds towards 0).
     exp: u16,
@@ -110,7 +118,8 @@ impl Magnitude {
     const MAX: u32 = 308;
 
     fn fits(self) -> bool {
-        self.exp_negative || u32::from(self.int_digits) + u32::from(self.exp) <= Self::MAX
+        self.frac_digits <= MAX_FRACTION_DIGITS
+            && (self.exp_negative || u32::from(self.int_digits) + u32::from(self.exp) <= Self::MAX)
     }
 }
 
@@ -344,6 +353,9 @@ impl JsonAcceptor {
     fn feed_number(&mut self, num: Num, mut size: Magnitude, b: u8) -> Option<bool> {
         match (num, b) {
             (Num::Minus | Num::Int, b'0'..=b'9') => size.int_digits += 1,
+            (Num::Dot | Num::Frac, b'0'..=b'9') => {
+                size.frac_digits = size.frac_digits.saturating_add(1);
+            }
             (Num::Exp, b'-') => size.exp_negative = true,
             (Num::Exp | Num::ExpSign | Num::ExpDigits, b'0'..=b'9') => {
                 size.exp = size
@@ -604,6 +616,9 @@ mod tests {
         assert!(accepts("{\"a\":99e306}"));
         assert!(!prefix_ok(b"{\"a\":99e307"));
         assert!(!prefix_ok(b"{\"a\":5E515"));
+        let fraction = |n: usize| format!("{{\"a\":0.{}}}", "1".repeat(n));
+        assert!(accepts(&fraction(MAX_FRACTION_DIGITS as usize)));
+        assert!(!accepts(&fraction(MAX_FRACTION_DIGITS as usize + 1)));
         // Tiny numbers round to 0, which every reader takes.
         assert!(accepts("{\"a\":1e-99999}"));
         for ok in ["{\"a\":1e307}", "{\"a\":1e-99999}", "{\"a\":99e306}"] {
