@@ -12,9 +12,8 @@
 //! whitespace bytes in a row elsewhere outside strings (a small model can otherwise
 //! emit newlines until `max_tokens`), numbers a double cannot hold (10^308 and up) and
 //! fractions of more than [`MAX_FRACTION_DIGITS`] digits (the same, with a digit),
-//! invalid UTF-8
-//! inside strings, and `\u` escapes that leave a surrogate unpaired (serde_json, Go and
-//! Java reject those).
+//! invalid UTF-8 inside strings, and `\u` escapes that leave a surrogate unpaired
+//! (serde_json, Go and Java reject those).
 
 /// Longest run of whitespace accepted between tokens: deep pretty-printed indentation
 /// fits, a model stuck on newlines does not.
@@ -289,7 +288,7 @@ impl JsonAcceptor {
                 inner: StrState::Chars,
             },
             b'-' => Lex::Number(Num::Minus, Magnitude::default()),
-            b'0' | b'1'..=b'9' => {
+            b'0'..=b'9' => {
                 let size = Magnitude {
                     int_digits: 1,
                     ..Magnitude::default()
