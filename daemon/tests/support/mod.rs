@@ -12,32 +12,32 @@ fn home() -> Option<PathBuf> {
     std::env::var_os("HOME").map(PathBuf::from)
 }
 
-/// The default model, looked up like the daemon does.
-pub fn model_path(file: &str) -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("SPARKD_MODELS").map(PathBuf::from),
-        std::env::var_os("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("sparkd/models")),
-        home().map(|h| h.join(".local/share/sparkd/models")),
-    ];
-    candidates
-        .into_iter()
+/// `file` in the first of `dirs` (those that are set) that holds it.
+fn find_file(dirs: [Option<PathBuf>; 3], file: &str) -> Option<PathBuf> {
+    dirs.into_iter()
         .flatten()
         .map(|d| d.join(file))
         .find(|p| p.is_file())
 }
 
+/// The default model, looked up like the daemon does.
+pub fn model_path(file: &str) -> Option<PathBuf> {
+    let dirs = [
+        std::env::var_os("SPARKD_MODELS").map(PathBuf::from),
+        std::env::var_os("XDG_DATA_HOME").map(|d| PathBuf::from(d).join("sparkd/models")),
+        home().map(|h| h.join(".local/share/sparkd/models")),
+    ];
+    find_file(dirs, file)
+}
+
 /// Vocabulary-only files made by `make_vocab_ggufs.py`.
 pub fn test_vocab_path(file: &str) -> Option<PathBuf> {
-    let candidates = [
+    let dirs = [
         std::env::var_os("SPARKD_TEST_VOCABS").map(PathBuf::from),
         std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("sparkd/test-vocabs")),
         home().map(|h| h.join(".cache/sparkd/test-vocabs")),
     ];
-    candidates
-        .into_iter()
-        .flatten()
-        .map(|d| d.join(file))
-        .find(|p| p.is_file())
+    find_file(dirs, file)
 }
 
 pub fn load_tokenizer(path: &Path) -> Tokenizer {
