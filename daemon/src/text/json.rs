@@ -158,6 +158,48 @@ impl Word {
     }
 }
 
+/// What one byte was in a JSON text (see [`JsonAcceptor::step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Between tokens.
+    Whitespace,
+    /// `{` or `[`: a container value opens.
+    Open,
+    /// `}` or `]`: the innermost container closes.
+    Close,
+    /// A key's opening quote, a byte inside it, its closing quote.
+    KeyOpen,
+    KeyText,
+    KeyClose,
+    Colon,
+    Comma,
+    /// A string value's opening quote, a byte inside it, its closing quote.
+    StrOpen,
+    StrText,
+    StrClose,
+    /// The first byte of a number or of `true`, `false` or `null`.
+    ScalarStart,
+    /// A later byte of one.
+    ScalarText,
+}
+
+/// One byte's [`Event`], and whether a number ended just before it (a number has no
+/// closer: the byte after it ends it and is read as what follows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub event: Event,
+    pub number_ended: bool,
+}
+
+impl Step {
+    const fn new(event: Event, number_ended: bool) -> Self {
+        Self {
+            event,
+            number_ended,
+        }
+    }
+}
+
 fn is_whitespace(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
@@ -208,9 +250,34 @@ impl JsonAcceptor {
         )
     }
 
+    /// Inside a string's escape sequence (after its backslash, before its end).
+    pub fn in_escape(&self) -> bool {
+        matches!(
+            self.lex,
+            Lex::Str {
+                inner: StrState::Escape
+                    | StrState::Unicode { .. }
+                    | StrState::PairBackslash
+                    | StrState::PairU,
+                ..
+            }
+        )
+    }
+
     /// Whether the top-level object is complete (only whitespace may follow).
     pub fn is_done(&self) -> bool {
         self.lex == Lex::Done
+    }
+
+    /// How many containers are open.
+    pub fn depth(&self) -> u8 {
+        self.depth
+    }
+
+    /// Whether a value has just ended: what follows is its container's `,` or closer,
+    /// or the end of the text.
+    pub fn after_value(&self) -> bool {
+        matches!(self.lex, Lex::AfterValue | Lex::Done)
     }
 
     /// Feeds every byte of `bytes`; false (and a state not to be used) when one of them
@@ -222,17 +289,39 @@ impl JsonAcceptor {
     /// Feeds one byte; false (and a state not to be used) when it cannot continue the
     /// text.
     pub fn feed(&mut self, b: u8) -> bool {
+        self.step(b).is_some()
+    }
+
+    /// Feeds one byte and says what it was in the text's structure; `None` (and a state
+    /// not to be used) when it cannot continue the text. A reader that follows the
+    /// structure (the schema acceptor) builds on this.
+    pub fn step(&mut self, b: u8) -> Option<Step> {
+        let mut number_ended = false;
         match self.lex {
-            Lex::Str { key, inner } => return self.feed_string(key, inner, b),
+            Lex::Str { key, inner } => {
+                let closes = inner == StrState::Chars && b == b'"';
+                let event = match (key, closes) {
+                    (true, true) => Event::KeyClose,
+                    (true, false) => Event::KeyText,
+                    (false, true) => Event::StrClose,
+                    (false, false) => Event::StrText,
+                };
+                return self
+                    .feed_string(key, inner, b)
+                    .then_some(Step::new(event, false));
+            }
             Lex::Number(num, size) => match self.feed_number(num, size, b) {
-                Some(accepted) => return accepted,
+                Some(accepted) => return accepted.then_some(Step::new(Event::ScalarText, false)),
                 // The byte ends the number: it belongs to what follows.
-                None => self.value_done(),
+                None => {
+                    self.value_done();
+                    number_ended = true;
+                }
             },
             Lex::Literal { word, matched } => {
                 let text = word.text();
                 if text[matched as usize] != b {
-                    return false;
+                    return None;
                 }
                 let matched = matched + 1;
                 if matched as usize == text.len() {
@@ -240,43 +329,56 @@ impl JsonAcceptor {
                 } else {
                     self.lex = Lex::Literal { word, matched };
                 }
-                return true;
+                return Some(Step::new(Event::ScalarText, false));
             }
             _ => {}
         }
+        let step = |event| Some(Step::new(event, number_ended));
         if is_whitespace(b) && self.lex != Lex::Start {
             self.whitespace_run += 1;
-            return self.whitespace_run <= MAX_WHITESPACE_RUN;
+            return (self.whitespace_run <= MAX_WHITESPACE_RUN)
+                .then_some(Step::new(Event::Whitespace, number_ended));
         }
         self.whitespace_run = 0;
-        match (self.lex, b) {
-            (Lex::Start, b'{') => self.open(true),
+        let accepted = match (self.lex, b) {
+            (Lex::Start, b'{') => return self.open(true).then(|| Step::new(Event::Open, false)),
             (Lex::ObjectOpen, b'}') => self.close(),
             (Lex::ObjectOpen | Lex::Key, b'"') => {
                 self.lex = Lex::Str {
                     key: true,
                     inner: StrState::Chars,
                 };
-                true
+                return step(Event::KeyOpen);
             }
             (Lex::Colon, b':') => {
                 self.lex = Lex::Value;
-                true
+                return step(Event::Colon);
             }
             (Lex::ArrayOpen, b']') => self.close(),
-            (Lex::Value | Lex::ArrayOpen, _) => self.start_value(b),
+            (Lex::Value | Lex::ArrayOpen, _) => {
+                let event = match b {
+                    b'{' | b'[' => Event::Open,
+                    b'"' => Event::StrOpen,
+                    _ => Event::ScalarStart,
+                };
+                return self
+                    .start_value(b)
+                    .then_some(Step::new(event, number_ended));
+            }
             (Lex::AfterValue, b',') => {
                 self.lex = if self.in_object() {
                     Lex::Key
                 } else {
                     Lex::Value
                 };
-                true
+                return step(Event::Comma);
             }
             (Lex::AfterValue, b'}') => self.in_object() && self.close(),
             (Lex::AfterValue, b']') => !self.in_object() && self.close(),
             _ => false,
-        }
+        };
+        // What is left are the closers.
+        accepted.then_some(Step::new(Event::Close, number_ended))
     }
 
     fn start_value(&mut self, b: u8) -> bool {
@@ -430,6 +532,19 @@ impl JsonAcceptor {
                     return false;
                 };
                 let value = value << 4 | digit as u16;
+                // The code points the escape can still end as: refused as soon as all
+                // of them are surrogates of the wrong half (or, for the low half, none
+                // is one), not at the last digit, so the text never reaches a dead end.
+                let shift = 4 * (u32::from(left) - 1);
+                let (first, last) = (
+                    u32::from(value) << shift,
+                    ((u32::from(value) + 1) << shift) - 1,
+                );
+                let all_low = (0xDC00..=0xDFFF).contains(&first) && last <= 0xDFFF;
+                let any_low = first <= 0xDFFF && last >= 0xDC00;
+                if (!low && all_low) || (low && !any_low) {
+                    return false;
+                }
                 if left > 1 {
                     StrState::Unicode {
                         left: left - 1,
@@ -701,5 +816,41 @@ mod tests {
         assert!(a.clone().feed_all(b" \n"));
         assert!(!a.clone().feed(b'{'));
         assert!(!a.clone().feed(b'x'));
+    }
+
+    /// Inside `\u` escapes every accepted prefix can still be finished: a lone low
+    /// surrogate (or a high one followed by anything but a low one) is refused at the
+    /// digit that decides it, not at the last one, where nothing could follow.
+    #[test]
+    fn unicode_escapes_never_reach_a_dead_end() {
+        // No quote: the walk stays inside the string.
+        let alphabet = b"0123456789abcdefABCDEF\\unx";
+        let mut frontier = vec![JsonAcceptor::in_string()];
+        for _ in 0..14 {
+            let mut next = Vec::new();
+            for state in &frontier {
+                let followers: Vec<JsonAcceptor> = alphabet
+                    .iter()
+                    .filter_map(|&b| {
+                        let mut s = *state;
+                        s.feed(b).then_some(s)
+                    })
+                    .collect();
+                assert!(!followers.is_empty(), "dead end: {state:?}");
+                next.extend(followers);
+            }
+            next.sort_by_key(|s| format!("{s:?}"));
+            next.dedup();
+            frontier = next;
+        }
+        let mut a = JsonAcceptor::in_string();
+        assert!(a.feed_all(b"\\uD"));
+        assert!(
+            !a.clone().feed(b'C'),
+            "\\uDC.. can only be a lone low surrogate"
+        );
+        assert!(a.feed_all(b"83D\\u"));
+        assert!(!a.clone().feed(b'0'), "a high surrogate needs a low one");
+        assert!(a.feed_all(b"DE00"));
     }
 }
