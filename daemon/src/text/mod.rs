@@ -8,6 +8,7 @@ mod fxhash;
 pub mod json;
 mod pretokenize;
 pub mod sampler;
+pub mod schema;
 mod spec;
 mod special;
 mod spm;

@@ -1,0 +1,460 @@
+//! Following a JSON text through a compiled [`Schema`], one byte at a time.
+
+use super::compile::{Node, NodeId, Schema, ANY};
+use super::number::NumberProgress;
+use crate::text::json::{Event, JsonAcceptor, Step};
+
+/// No enclosing frame (the innermost container is the top-level object).
+const NO_PARENT: u32 = u32::MAX;
+
+/// What a schema asks of one open object or array, and what it has had so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Frame {
+    node: NodeId,
+    /// Object: one bit per listed property already written.
+    seen: u64,
+    /// Array: values begun so far.
+    count: u32,
+}
+
+/// The frames of the containers around the innermost one, as a persistent stack: an
+/// entry is never changed once pushed, so every state tried while masking can point
+/// into it, and entries pushed by tries are dropped as a whole afterwards
+/// ([`FrameStack::truncate`]).
+#[derive(Debug, Clone, Default)]
+pub struct FrameStack {
+    /// Each entry: a frame and the index of the entry around it.
+    entries: Vec<(Frame, u32)>,
+}
+
+impl FrameStack {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Drops the entries past `len` (no state that is kept may point there).
+    pub fn truncate(&mut self, len: usize) {
+        self.entries.truncate(len);
+    }
+}
+
+/// What the scalar or key being written must match.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pending {
+    Nothing,
+    /// A key: `candidates` are the names (bits of the object's list) it may still be,
+    /// `matched` its bytes so far; `free` when keys outside the list are allowed.
+    Key {
+        candidates: u64,
+        matched: u32,
+        free: bool,
+    },
+    /// An `enum`/`const` value: the texts it may still be, its bytes so far, and the
+    /// depth it began at.
+    Literal {
+        node: NodeId,
+        candidates: u64,
+        matched: u32,
+        depth: u8,
+    },
+    /// A string: characters begun so far, and the bounds.
+    Str {
+        chars: u32,
+        min: u32,
+        max: u32,
+    },
+    Number {
+        node: NodeId,
+        progress: NumberProgress,
+    },
+}
+
+/// A JSON text read so far against a schema. `Copy`, apart from the enclosing frames
+/// in the [`FrameStack`] it is fed with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SchemaState {
+    json: JsonAcceptor,
+    /// The innermost open container (the root's node before it opens).
+    top: Frame,
+    /// The entry of the container around `top`, in the frame stack.
+    parent: u32,
+    /// The schema of the next value: set after a key, and where an array's values
+    /// begin.
+    due: NodeId,
+    pending: Pending,
+}
+
+impl SchemaState {
+    /// Nothing read yet: the text must begin the root's object.
+    pub fn new(schema: &Schema) -> Self {
+        Self {
+            json: JsonAcceptor::new(),
+            top: Frame {
+                node: ANY,
+                seen: 0,
+                count: 0,
+            },
+            parent: NO_PARENT,
+            due: schema.root(),
+            pending: Pending::Nothing,
+        }
+    }
+
+    /// Whether the top-level object is complete.
+    pub fn is_done(&self) -> bool {
+        self.json.is_done()
+    }
+
+    /// Inside a string, between characters, where any plain string text is allowed
+    /// (see [`JsonAcceptor::in_plain_string`]): a string without a length limit or
+    /// enum, or a key of an object that takes keys outside its list.
+    pub fn in_plain_string(&self) -> bool {
+        self.json.in_plain_string()
+            && match self.pending {
+                Pending::Str { max, .. } => max == u32::MAX,
+                Pending::Key { free, .. } => free,
+                _ => false,
+            }
+    }
+
+    /// Feeds every byte of `bytes`; false (and a state not to be used) when one of
+    /// them cannot continue a text the schema allows.
+    pub fn feed_all(&mut self, schema: &Schema, frames: &mut FrameStack, bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| self.feed(schema, frames, b))
+    }
+
+    /// Feeds one byte; false (and a state not to be used) when no text that begins
+    /// with what was read and `b` can match the schema.
+    pub fn feed(&mut self, schema: &Schema, frames: &mut FrameStack, b: u8) -> bool {
+        let boundary = self.json.in_plain_string();
+        let in_escape = self.json.in_escape();
+        let depth = self.json.depth();
+        let Some(Step {
+            event,
+            number_ended,
+        }) = self.json.step(b)
+        else {
+            return false;
+        };
+        if number_ended && !self.end_number(schema, depth) {
+            return false;
+        }
+        if let Pending::Literal { .. } = self.pending {
+            return self.feed_literal(schema, b);
+        }
+        match event {
+            Event::Whitespace | Event::Colon => true,
+            Event::Open | Event::StrOpen | Event::ScalarStart => {
+                self.begin_value(schema, frames, b, depth)
+            }
+            Event::ScalarText => match &mut self.pending {
+                Pending::Number { node, progress } => match schema.node(*node) {
+                    Node::Number { integer, bounds } => progress.feed(b, *integer, bounds),
+                    _ => true,
+                },
+                _ => true,
+            },
+            Event::StrText => match &mut self.pending {
+                Pending::Str { chars, max, .. } if boundary => {
+                    *chars += 1;
+                    *chars <= *max
+                }
+                _ => true,
+            },
+            Event::StrClose => {
+                let long_enough = match self.pending {
+                    Pending::Str { chars, min, .. } => chars >= min,
+                    _ => true,
+                };
+                self.pending = Pending::Nothing;
+                long_enough
+            }
+            Event::KeyOpen => {
+                self.pending = match schema.node(self.top.node) {
+                    Node::Object(o) => {
+                        let all = low_bits(o.names.len());
+                        let free = o.additional.is_some();
+                        Pending::Key {
+                            // A free key that spells a listed name is that name, so
+                            // names already written stay candidates (to refuse them).
+                            candidates: if free { all } else { all & !self.top.seen },
+                            matched: 0,
+                            free,
+                        }
+                    }
+                    _ => Pending::Key {
+                        candidates: 0,
+                        matched: 0,
+                        free: true,
+                    },
+                };
+                true
+            }
+            Event::KeyText => self.key_byte(schema, b, in_escape),
+            Event::KeyClose => self.end_key(schema),
+            Event::Comma => self.comma(schema),
+            Event::Close => self.close(schema, frames),
+        }
+    }
+
+    fn key_byte(&mut self, schema: &Schema, b: u8, in_escape: bool) -> bool {
+        let Pending::Key {
+            candidates,
+            matched,
+            free,
+        } = &mut self.pending
+        else {
+            return true;
+        };
+        let Node::Object(o) = schema.node(self.top.node) else {
+            return true; // any key goes
+        };
+        *candidates &= names_with_byte(&o.names, *candidates, *matched as usize, b);
+        *matched = matched.saturating_add(1);
+        if *candidates != 0 {
+            return true;
+        }
+        // Off every listed name: only a key outside the list can be written now. Where
+        // the object lists names, such a key may not escape a character: `\u006e`
+        // could spell a listed name in a way the match above cannot see (and write it
+        // twice). An escape that follows a name's own spelling is fine.
+        *free && (o.names.is_empty() || !(b == b'\\' || in_escape))
+    }
+
+    fn end_key(&mut self, schema: &Schema) -> bool {
+        let Pending::Key {
+            candidates,
+            matched,
+            ..
+        } = self.pending
+        else {
+            return true;
+        };
+        self.pending = Pending::Nothing;
+        let Node::Object(o) = schema.node(self.top.node) else {
+            self.due = ANY;
+            return true;
+        };
+        let whole = candidates
+            & low_bits(o.names.len())
+            & (0..o.names.len())
+                .filter(|&i| o.names[i].len() == matched as usize)
+                .fold(0u64, |m, i| m | 1 << i);
+        if whole != 0 {
+            let i = whole.trailing_zeros();
+            if self.top.seen >> i & 1 == 1 {
+                return false; // written already
+            }
+            self.top.seen |= 1 << i;
+            self.due = o.values[i as usize];
+            return true;
+        }
+        match o.additional {
+            Some(node) => {
+                self.due = node;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn comma(&mut self, schema: &Schema) -> bool {
+        match schema.node(self.top.node) {
+            // Another key must be possible.
+            Node::Object(o) => {
+                o.additional.is_some() || low_bits(o.names.len()) & !self.top.seen != 0
+            }
+            Node::Array { items, max, .. } => {
+                self.due = *items;
+                self.top.count < *max
+            }
+            _ => {
+                self.due = ANY;
+                true
+            }
+        }
+    }
+
+    /// A value begins with `b` (its container's depth is `depth`).
+    fn begin_value(&mut self, schema: &Schema, frames: &mut FrameStack, b: u8, depth: u8) -> bool {
+        if depth > 0 {
+            if let Node::Array { max, .. } = schema.node(self.top.node) {
+                if self.top.count >= *max {
+                    return false;
+                }
+                self.top.count += 1;
+            }
+        }
+        let Some(node) = schema.select(self.due, b) else {
+            return false;
+        };
+        match schema.node(node) {
+            Node::Literals(_) => {
+                self.pending = Pending::Literal {
+                    node,
+                    candidates: 0,
+                    matched: 0,
+                    depth,
+                };
+                self.feed_literal(schema, b)
+            }
+            Node::String { min, max } => {
+                self.pending = Pending::Str {
+                    chars: 0,
+                    min: *min,
+                    max: *max,
+                };
+                true
+            }
+            Node::Number { integer, bounds } => {
+                let mut progress = NumberProgress::new();
+                let ok = progress.feed(b, *integer, bounds);
+                self.pending = Pending::Number { node, progress };
+                ok
+            }
+            Node::Any if b == b'"' => {
+                self.pending = Pending::Str {
+                    chars: 0,
+                    min: 0,
+                    max: u32::MAX,
+                };
+                true
+            }
+            Node::Object(_) | Node::Array { .. } | Node::Any if b == b'{' || b == b'[' => {
+                if depth > 0 {
+                    frames.entries.push((self.top, self.parent));
+                    self.parent = frames.entries.len() as u32 - 1;
+                }
+                self.top = Frame {
+                    node,
+                    seen: 0,
+                    count: 0,
+                };
+                self.due = match schema.node(node) {
+                    Node::Array { items, .. } => *items,
+                    _ => ANY,
+                };
+                true
+            }
+            // Booleans, null, and numbers of any value: the syntax is all there is.
+            _ => true,
+        }
+    }
+
+    /// A byte of an `enum`/`const` value (its first too).
+    fn feed_literal(&mut self, schema: &Schema, b: u8) -> bool {
+        let Pending::Literal {
+            node,
+            candidates,
+            matched,
+            depth,
+        } = self.pending
+        else {
+            return true;
+        };
+        let Node::Literals(texts) = schema.node(node) else {
+            return false;
+        };
+        let candidates = if matched == 0 {
+            names_with_byte(texts, low_bits(texts.len()), 0, b)
+        } else {
+            names_with_byte(texts, candidates, matched as usize, b)
+        };
+        let matched = matched + 1;
+        if candidates == 0 {
+            return false;
+        }
+        // The value has ended (a number ends only with the byte after it).
+        if self.json.depth() == depth && self.json.after_value() {
+            self.pending = Pending::Nothing;
+            return whole(texts, candidates, matched);
+        }
+        self.pending = Pending::Literal {
+            node,
+            candidates,
+            matched,
+            depth,
+        };
+        true
+    }
+
+    /// The byte just read ended a number whose container is at depth `depth`.
+    fn end_number(&mut self, schema: &Schema, depth: u8) -> bool {
+        match self.pending {
+            Pending::Number { node, progress } => {
+                self.pending = Pending::Nothing;
+                match schema.node(node) {
+                    Node::Number { bounds, .. } => progress.ends_within(bounds),
+                    _ => true,
+                }
+            }
+            // A number that is the whole literal (not one inside an object literal,
+            // which goes on).
+            Pending::Literal {
+                node,
+                candidates,
+                matched,
+                depth: start,
+            } if start == depth => {
+                self.pending = Pending::Nothing;
+                match schema.node(node) {
+                    Node::Literals(texts) => whole(texts, candidates, matched),
+                    _ => false,
+                }
+            }
+            _ => true,
+        }
+    }
+
+    fn close(&mut self, schema: &Schema, frames: &FrameStack) -> bool {
+        let complete = match schema.node(self.top.node) {
+            Node::Object(o) => o.required & !self.top.seen == 0,
+            Node::Array { min, .. } => self.top.count >= *min,
+            _ => true,
+        };
+        if self.parent != NO_PARENT {
+            (self.top, self.parent) = frames.entries[self.parent as usize];
+        }
+        complete
+    }
+}
+
+/// The low `n` bits set.
+fn low_bits(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1 << n) - 1
+    }
+}
+
+/// Of `candidates`, the texts whose byte `at` is `b`.
+fn names_with_byte(texts: &[Box<[u8]>], candidates: u64, at: usize, b: u8) -> u64 {
+    let mut left = candidates;
+    let mut out = 0;
+    while left != 0 {
+        let i = left.trailing_zeros() as usize;
+        left &= left - 1;
+        if texts[i].get(at) == Some(&b) {
+            out |= 1 << i;
+        }
+    }
+    out
+}
+
+/// Whether one of `candidates` is exactly `matched` bytes long.
+fn whole(texts: &[Box<[u8]>], candidates: u64, matched: u32) -> bool {
+    let mut left = candidates;
+    while left != 0 {
+        let i = left.trailing_zeros() as usize;
+        left &= left - 1;
+        if texts[i].len() == matched as usize {
+            return true;
+        }
+    }
+    false
+}

@@ -1,0 +1,773 @@
+//! A JSON Schema document compiled into the graph [`SchemaState`](super::SchemaState)
+//! walks.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+use super::number::Bounds;
+
+/// Index of a node in [`Schema::nodes`].
+pub type NodeId = u32;
+
+/// Most properties one object schema may list, and most values one `enum` may hold
+/// (each is a bit in the acceptor's state).
+pub const MAX_NAMES: usize = 64;
+/// Most nodes a schema compiles to: far beyond any real schema, and a bound on the
+/// work a hostile one can cause.
+const MAX_NODES: usize = 10_000;
+/// Longest property name or literal, in bytes of its JSON text.
+const MAX_LITERAL_BYTES: usize = 4096;
+
+/// Node 0 of every schema: any JSON value.
+pub const ANY: NodeId = 0;
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("JSON schema{}: {message}", if at.is_empty() { String::new() } else { format!(" at #{at}") })]
+pub struct SchemaError {
+    /// JSON pointer to where in the schema (empty for its root).
+    pub at: String,
+    pub message: String,
+}
+
+fn error<T>(at: &str, message: impl Into<String>) -> Result<T, SchemaError> {
+    Err(SchemaError {
+        at: at.to_string(),
+        message: message.into(),
+    })
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Node {
+    /// Any JSON value.
+    Any,
+    Object(ObjectNode),
+    Array {
+        items: NodeId,
+        min: u32,
+        max: u32,
+    },
+    /// Lengths in characters (code points), as JSON Schema counts them.
+    String {
+        min: u32,
+        max: u32,
+    },
+    Number {
+        integer: bool,
+        bounds: Bounds,
+    },
+    Boolean,
+    Null,
+    /// `enum` and `const`: the values' compact JSON texts, written exactly so.
+    Literals(Vec<Box<[u8]>>),
+    /// `anyOf`, `oneOf` or a list of types: alternatives that no first byte of a value
+    /// has in common, so the first byte picks one.
+    Choice(Vec<NodeId>),
+    /// A `$ref` (only while compiling: resolved into the edges that point here).
+    Ref(NodeId),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectNode {
+    /// Property names as written inside a key's quotes (JSON-escaped).
+    pub names: Vec<Box<[u8]>>,
+    /// Each name's value schema.
+    pub values: Vec<NodeId>,
+    /// One bit per name.
+    pub required: u64,
+    /// The value schema of keys other than `names`; `None` when only those may be
+    /// written.
+    pub additional: Option<NodeId>,
+}
+
+/// A compiled schema: [`Schema::compile`] checks the document, and the acceptor reads
+/// only this.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schema {
+    nodes: Vec<Node>,
+    /// Each node's possible first bytes, as four 64-bit words.
+    first: Vec<[u64; 4]>,
+    root: NodeId,
+}
+
+impl Default for Schema {
+    /// Any JSON object (what `OutputFormat::JsonObject` asks for).
+    fn default() -> Self {
+        Self::compile(r#"{"type":"object"}"#).expect("the any-object schema compiles")
+    }
+}
+
+/// Keywords that are notes for people and change nothing about what is valid.
+const ANNOTATIONS: &[&str] = &[
+    "$schema",
+    "$id",
+    "$anchor",
+    "$comment",
+    "$defs",
+    "definitions",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    // An annotation by default in JSON Schema 2020-12 (validators need not assert
+    // it); the description usually tells the model the same.
+    "format",
+    "contentEncoding",
+    "contentMediaType",
+    // OpenAI's structured outputs flag, not a schema keyword.
+    "strict",
+];
+
+/// Keywords sparkd does not enforce: a schema using them is refused rather than
+/// answered with text that may not match it.
+const UNSUPPORTED: &[&str] = &[
+    "pattern",
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "prefixItems",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "multipleOf",
+    "$dynamicRef",
+    "$recursiveRef",
+];
+
+const TYPES: &[&str] = &[
+    "object", "array", "string", "number", "integer", "boolean", "null",
+];
+
+impl Schema {
+    /// Compiles a JSON Schema document (drafts 4 to 2020-12, the subset below) whose
+    /// root allows an object.
+    ///
+    /// Enforced: `type` (one or a list), `properties`, `required`,
+    /// `additionalProperties` (`false`, `true` or a schema), `items` (one schema),
+    /// `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`, `maximum`,
+    /// `exclusiveMinimum`, `exclusiveMaximum`, `enum`, `const`, `anyOf` and `oneOf`
+    /// whose alternatives begin differently (a string or null, say), `allOf` of one
+    /// schema, and `$ref` to a place in the same document (`#/$defs/…`, `#`, any JSON
+    /// pointer), recursive ones too. Annotations (`title`, `description`, `default`,
+    /// `format`…) are ignored, as validators do by default; unknown keywords too.
+    /// Refused: `pattern`, `not`, `if`, `multipleOf`, `uniqueItems` and the others in
+    /// `UNSUPPORTED`, and alternatives that can begin alike (two objects, say).
+    ///
+    /// What is generated: each listed property at most once and in any order, every
+    /// required one before the object closes; other keys only where
+    /// `additionalProperties` is a schema or where an object lists no properties at
+    /// all (leaving them out is valid either way, and a model should not invent
+    /// keys); `enum` and `const` values written as compact JSON; integers and bounded
+    /// numbers without an exponent.
+    pub fn compile(text: &str) -> Result<Schema, SchemaError> {
+        let document: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => return error("", format!("not valid JSON: {e}")),
+        };
+        let mut compiler = Compiler {
+            document: &document,
+            nodes: vec![Node::Any],
+            by_pointer: HashMap::new(),
+        };
+        let root = compiler.reference("")?;
+        let mut schema = compiler.finish()?;
+        schema.root = schema.resolve(root);
+        if !schema.may_start(schema.root, b'{') {
+            return error(
+                "",
+                "the root must allow an object: JSON output is one object \
+                 (put other values in a property)",
+            );
+        }
+        Ok(schema)
+    }
+
+    pub fn root(&self) -> NodeId {
+        self.root
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+
+    /// Whether a value of node `id` may begin with `b`.
+    pub fn may_start(&self, id: NodeId, b: u8) -> bool {
+        self.first[id as usize][b as usize / 64] >> (b % 64) & 1 == 1
+    }
+
+    /// The node a value beginning with `b` is read against: `id` itself, or the one
+    /// alternative of a choice that may begin so; `None` when none may.
+    pub fn select(&self, id: NodeId, b: u8) -> Option<NodeId> {
+        if !self.may_start(id, b) {
+            return None;
+        }
+        match self.node(id) {
+            Node::Choice(alternatives) => alternatives
+                .iter()
+                .copied()
+                .find(|&alt| self.may_start(alt, b)),
+            _ => Some(id),
+        }
+    }
+
+    /// Follows `$ref`s to a node that is not one (cycles were refused).
+    fn resolve(&self, mut id: NodeId) -> NodeId {
+        while let Node::Ref(target) = self.node(id) {
+            id = *target;
+        }
+        id
+    }
+}
+
+struct Compiler<'a> {
+    document: &'a Value,
+    nodes: Vec<Node>,
+    /// Nodes already made for `$ref` targets (and the root), by JSON pointer: what
+    /// makes a recursive schema a cycle in the graph rather than endless.
+    by_pointer: HashMap<String, NodeId>,
+}
+
+impl Compiler<'_> {
+    fn push(&mut self, node: Node, at: &str) -> Result<NodeId, SchemaError> {
+        if self.nodes.len() >= MAX_NODES {
+            return error(at, format!("more than {MAX_NODES} schema nodes"));
+        }
+        self.nodes.push(node);
+        Ok(self.nodes.len() as NodeId - 1)
+    }
+
+    /// The node for the schema at JSON pointer `pointer` in the document.
+    fn reference(&mut self, pointer: &str) -> Result<NodeId, SchemaError> {
+        if let Some(&id) = self.by_pointer.get(pointer) {
+            return Ok(id);
+        }
+        let Some(target) = self.document.pointer(pointer) else {
+            return error(pointer, "`$ref` points at nothing in this document");
+        };
+        // Claimed before compiling the target, so a reference back to it finds it.
+        let id = self.push(Node::Ref(ANY), pointer)?;
+        self.by_pointer.insert(pointer.to_string(), id);
+        let compiled = self.schema(target, pointer)?;
+        self.nodes[id as usize] = Node::Ref(compiled);
+        Ok(id)
+    }
+
+    fn schema(&mut self, value: &Value, at: &str) -> Result<NodeId, SchemaError> {
+        let map = match value {
+            Value::Bool(true) => return Ok(ANY),
+            Value::Bool(false) => return error(at, "the schema `false` allows no value"),
+            Value::Object(map) => map,
+            _ => return error(at, "a schema must be an object or a boolean"),
+        };
+        for key in map.keys() {
+            if UNSUPPORTED.contains(&key.as_str()) {
+                return error(
+                    at,
+                    format!("`{key}` is not supported by sparkd's JSON output"),
+                );
+            }
+        }
+        // Keywords other than annotations, beside one that must stand alone.
+        let others = |alone: &str| {
+            map.keys()
+                .filter(|k| *k != alone && !ANNOTATIONS.contains(&k.as_str()))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        for alone in ["$ref", "anyOf", "oneOf", "allOf"] {
+            if let Some(inner) = map.get(alone) {
+                let rest = others(alone);
+                if !rest.is_empty() {
+                    return error(
+                        at,
+                        format!("`{alone}` beside `{}` is not supported", rest.join("`, `")),
+                    );
+                }
+                let at = format!("{at}/{alone}");
+                return match alone {
+                    "$ref" => self.ref_target(inner, &at),
+                    "allOf" => match inner.as_array().map(Vec::as_slice) {
+                        Some([one]) => self.schema(one, &format!("{at}/0")),
+                        _ => error(&at, "`allOf` is supported with exactly one schema"),
+                    },
+                    _ => self.choice(inner, &at),
+                };
+            }
+        }
+        if map.contains_key("enum") || map.contains_key("const") {
+            return self.literals(map, at);
+        }
+        let types: Vec<&str> = match map.get("type") {
+            None => vec![infer_type(map)],
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(list)) => {
+                let mut types = Vec::new();
+                for t in list {
+                    match t.as_str() {
+                        Some(t) if !types.contains(&t) => types.push(t),
+                        Some(_) => {}
+                        None => return error(at, "`type` lists a value that is not a string"),
+                    }
+                }
+                // An integer is a number.
+                if types.contains(&"number") {
+                    types.retain(|t| *t != "integer");
+                }
+                types
+            }
+            Some(_) => return error(at, "`type` must be a string or a list of strings"),
+        };
+        let mut nodes = Vec::with_capacity(types.len());
+        for t in types {
+            nodes.push(self.typed(t, map, at)?);
+        }
+        match nodes.as_slice() {
+            [] => error(at, "`type` lists no type"),
+            [one] => Ok(*one),
+            _ => self.push(Node::Choice(nodes), at),
+        }
+    }
+
+    fn ref_target(&mut self, reference: &Value, at: &str) -> Result<NodeId, SchemaError> {
+        match reference.as_str().and_then(|r| r.strip_prefix('#')) {
+            Some(pointer) => self.reference(pointer),
+            None => error(
+                at,
+                "only `$ref`s within the same document (`#/…`) are supported",
+            ),
+        }
+    }
+
+    fn choice(&mut self, alternatives: &Value, at: &str) -> Result<NodeId, SchemaError> {
+        let Some(list) = alternatives.as_array().filter(|l| !l.is_empty()) else {
+            return error(at, "must be a non-empty list of schemas");
+        };
+        let mut nodes = Vec::with_capacity(list.len());
+        for (i, alt) in list.iter().enumerate() {
+            nodes.push(self.schema(alt, &format!("{at}/{i}"))?);
+        }
+        if nodes.len() == 1 {
+            return Ok(nodes[0]);
+        }
+        self.push(Node::Choice(nodes), at)
+    }
+
+    fn literals(&mut self, map: &Map<String, Value>, at: &str) -> Result<NodeId, SchemaError> {
+        let values: Vec<&Value> = match (map.get("enum"), map.get("const")) {
+            (Some(_), Some(_)) => return error(at, "`enum` beside `const`"),
+            (Some(Value::Array(values)), None) => values.iter().collect(),
+            (Some(_), None) => return error(at, "`enum` must be a list"),
+            (None, Some(value)) => vec![value],
+            (None, None) => unreachable!("called for enum or const"),
+        };
+        // A value of another type than `type` says is not valid: leave it out.
+        let types: Option<Vec<&str>> = match map.get("type") {
+            None => None,
+            Some(Value::String(t)) => Some(vec![t.as_str()]),
+            Some(Value::Array(l)) => Some(l.iter().filter_map(Value::as_str).collect()),
+            Some(_) => return error(at, "`type` must be a string or a list of strings"),
+        };
+        let mut texts: Vec<Box<[u8]>> = Vec::new();
+        for value in values {
+            if types
+                .as_ref()
+                .is_some_and(|ts| !ts.iter().any(|t| has_type(value, t)))
+            {
+                continue;
+            }
+            let text = serde_json::to_vec(value).expect("a JSON value serializes");
+            if text.len() > MAX_LITERAL_BYTES {
+                return error(at, format!("a value longer than {MAX_LITERAL_BYTES} bytes"));
+            }
+            if !texts.iter().any(|t| **t == *text) {
+                texts.push(text.into());
+            }
+        }
+        if texts.is_empty() {
+            return error(at, "no value of `enum`/`const` is allowed");
+        }
+        if texts.len() > MAX_NAMES {
+            return error(at, format!("more than {MAX_NAMES} values in `enum`"));
+        }
+        self.push(Node::Literals(texts), at)
+    }
+
+    fn typed(
+        &mut self,
+        t: &str,
+        map: &Map<String, Value>,
+        at: &str,
+    ) -> Result<NodeId, SchemaError> {
+        let node = match t {
+            "object" => Node::Object(self.object(map, at)?),
+            "array" => {
+                let items = match map.get("items") {
+                    None => ANY,
+                    Some(Value::Array(_)) => {
+                        return error(at, "`items` as a list (tuples) is not supported")
+                    }
+                    Some(items) => self.schema(items, &format!("{at}/items"))?,
+                };
+                let (min, max) = length_bounds(map, "minItems", "maxItems", at)?;
+                Node::Array { items, min, max }
+            }
+            "string" => {
+                let (min, max) = length_bounds(map, "minLength", "maxLength", at)?;
+                Node::String { min, max }
+            }
+            "number" | "integer" => {
+                let integer = t == "integer";
+                let bounds = number_bounds(map, at)?;
+                let bounds = if integer {
+                    match bounds.to_integers() {
+                        Some(b) => b,
+                        None => return error(at, "no integer is within the bounds"),
+                    }
+                } else {
+                    bounds
+                };
+                if bounds.is_empty() {
+                    return error(at, "no number is within the bounds");
+                }
+                Node::Number { integer, bounds }
+            }
+            "boolean" => Node::Boolean,
+            "null" => Node::Null,
+            "any" => Node::Any,
+            other => {
+                return error(
+                    at,
+                    format!("unknown type `{other}` (one of {})", TYPES.join(", ")),
+                )
+            }
+        };
+        self.push(node, at)
+    }
+
+    fn object(&mut self, map: &Map<String, Value>, at: &str) -> Result<ObjectNode, SchemaError> {
+        let properties = match map.get("properties") {
+            None => None,
+            Some(Value::Object(p)) => Some(p),
+            Some(_) => return error(at, "`properties` must be an object"),
+        };
+        let required: Vec<&str> = match map.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(list)) => {
+                let mut names = Vec::new();
+                for name in list {
+                    match name.as_str() {
+                        Some(n) => names.push(n),
+                        None => return error(at, "`required` lists a value that is not a string"),
+                    }
+                }
+                names
+            }
+            Some(_) => return error(at, "`required` must be a list of names"),
+        };
+        let listed = properties.is_some_and(|p| !p.is_empty()) || !required.is_empty();
+        let additional = match map.get("additionalProperties") {
+            Some(Value::Bool(false)) => None,
+            None | Some(Value::Bool(true)) => (!listed).then_some(ANY),
+            Some(schema) => Some(self.schema(schema, &format!("{at}/additionalProperties"))?),
+        };
+        let mut object = ObjectNode {
+            names: Vec::new(),
+            values: Vec::new(),
+            required: 0,
+            additional,
+        };
+        for (name, schema) in properties.into_iter().flatten() {
+            let value =
+                self.schema(schema, &format!("{at}/properties/{}", escape_pointer(name)))?;
+            object.names.push(key_text(name, at)?);
+            object.values.push(value);
+        }
+        for name in required {
+            let text = key_text(name, at)?;
+            let index = match object.names.iter().position(|n| *n == text) {
+                Some(i) => i,
+                None => {
+                    // Required but not listed: a key like any other, with the value
+                    // other keys may have.
+                    let Some(value) = additional.or_else(|| {
+                        (!matches!(map.get("additionalProperties"), Some(Value::Bool(false))))
+                            .then_some(ANY)
+                    }) else {
+                        return error(
+                            at,
+                            format!("`{name}` is required but `additionalProperties` is false"),
+                        );
+                    };
+                    object.names.push(text);
+                    object.values.push(value);
+                    object.names.len() - 1
+                }
+            };
+            if index < MAX_NAMES {
+                object.required |= 1 << index;
+            }
+        }
+        if object.names.len() > MAX_NAMES {
+            return error(
+                at,
+                format!("more than {MAX_NAMES} properties in one object"),
+            );
+        }
+        Ok(object)
+    }
+
+    /// Resolves every edge past `$ref` nodes, then works out first bytes and checks
+    /// that each choice's alternatives begin differently.
+    fn finish(self) -> Result<Schema, SchemaError> {
+        let pointers: HashMap<NodeId, &String> =
+            self.by_pointer.iter().map(|(p, &id)| (id, p)).collect();
+        let mut schema = Schema {
+            nodes: self.nodes,
+            first: Vec::new(),
+            root: ANY,
+        };
+        // A cycle of `$ref`s with no value in between describes nothing.
+        for id in 0..schema.nodes.len() as NodeId {
+            let mut at = id;
+            for _ in 0..=schema.nodes.len() {
+                match schema.node(at) {
+                    Node::Ref(next) => at = *next,
+                    _ => break,
+                }
+            }
+            if matches!(schema.node(at), Node::Ref(_)) {
+                let pointer = pointers.get(&id).map_or("", |p| p.as_str());
+                return error(pointer, "`$ref`s that lead only to each other");
+            }
+        }
+        let resolved: Vec<Node> = schema
+            .nodes
+            .iter()
+            .map(|node| {
+                let mut node = node.clone();
+                match &mut node {
+                    Node::Object(o) => {
+                        for v in o.values.iter_mut().chain(o.additional.as_mut()) {
+                            *v = schema.resolve(*v);
+                        }
+                    }
+                    Node::Array { items, .. } => *items = schema.resolve(*items),
+                    Node::Choice(alts) => {
+                        // Nested choices flattened: each alternative is one kind.
+                        // A choice met again (one that lists itself through a
+                        // `$ref`) adds nothing new.
+                        let mut flat = Vec::new();
+                        let mut visited = Vec::new();
+                        let mut stack: Vec<NodeId> = alts.iter().rev().copied().collect();
+                        while let Some(alt) = stack.pop() {
+                            let alt = schema.resolve(alt);
+                            match schema.node(alt) {
+                                Node::Choice(_) if visited.contains(&alt) => {}
+                                Node::Choice(inner) => {
+                                    visited.push(alt);
+                                    stack.extend(inner.iter().rev());
+                                }
+                                _ if flat.contains(&alt) => {}
+                                _ => flat.push(alt),
+                            }
+                        }
+                        *alts = flat;
+                    }
+                    _ => {}
+                }
+                node
+            })
+            .collect();
+        schema.nodes = resolved;
+        schema.first = (0..schema.nodes.len())
+            .map(|id| first_bytes(&schema, id as NodeId))
+            .collect();
+        for (id, node) in schema.nodes.iter().enumerate() {
+            let Node::Choice(alts) = node else { continue };
+            let mut seen = [0u64; 4];
+            for &alt in alts {
+                let first = schema.first[alt as usize];
+                if let Some(b) = (0..=255u8).find(|&b| {
+                    seen[b as usize / 64] >> (b % 64) & 1 == 1
+                        && first[b as usize / 64] >> (b % 64) & 1 == 1
+                }) {
+                    let pointer = pointers.get(&(id as NodeId)).map_or("", |p| p.as_str());
+                    return error(
+                        pointer,
+                        format!(
+                            "alternatives that can both begin with `{}`: sparkd needs \
+                             `anyOf`/`oneOf`/`type` alternatives to begin differently \
+                             (an object or null, a string or a number, …)",
+                            b as char
+                        ),
+                    );
+                }
+                for (s, f) in seen.iter_mut().zip(first) {
+                    *s |= f;
+                }
+            }
+        }
+        Ok(schema)
+    }
+}
+
+/// The bytes a value of node `id` may begin with (choices were flattened).
+fn first_bytes(schema: &Schema, id: NodeId) -> [u64; 4] {
+    let mut set = [0u64; 4];
+    let mut add = |bytes: &[u8]| {
+        for &b in bytes {
+            set[b as usize / 64] |= 1 << (b % 64);
+        }
+    };
+    const NUMBER: &[u8] = b"-0123456789";
+    match schema.node(schema.resolve(id)) {
+        Node::Any => {
+            add(b"{[\"tfn");
+            add(NUMBER);
+        }
+        Node::Object(_) => add(b"{"),
+        Node::Array { .. } => add(b"["),
+        Node::String { .. } => add(b"\""),
+        Node::Number { .. } => add(NUMBER),
+        Node::Boolean => add(b"tf"),
+        Node::Null => add(b"n"),
+        Node::Literals(texts) => {
+            for t in texts {
+                add(&t[..1]);
+            }
+        }
+        Node::Choice(alts) => {
+            for &alt in alts {
+                let inner = first_bytes(schema, alt);
+                for (s, i) in set.iter_mut().zip(inner) {
+                    *s |= i;
+                }
+            }
+        }
+        Node::Ref(_) => unreachable!("resolved"),
+    }
+    set
+}
+
+/// The type a schema without `type` describes: the one its keywords are about.
+fn infer_type(map: &Map<String, Value>) -> &'static str {
+    let has = |keys: &[&str]| keys.iter().any(|k| map.contains_key(*k));
+    if has(&["properties", "required", "additionalProperties"]) {
+        "object"
+    } else if has(&["items", "minItems", "maxItems"]) {
+        "array"
+    } else if has(&["minLength", "maxLength"]) {
+        "string"
+    } else if has(&["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) {
+        "number"
+    } else {
+        "any"
+    }
+}
+
+fn has_type(value: &Value, t: &str) -> bool {
+    match (t, value) {
+        ("object", Value::Object(_))
+        | ("array", Value::Array(_))
+        | ("string", Value::String(_))
+        | ("number", Value::Number(_))
+        | ("boolean", Value::Bool(_))
+        | ("null", Value::Null) => true,
+        ("integer", Value::Number(n)) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
+        _ => false,
+    }
+}
+
+/// A property name as a key's text between its quotes: JSON-escaped as serde_json
+/// writes it, which is the one spelling the model is held to.
+fn key_text(name: &str, at: &str) -> Result<Box<[u8]>, SchemaError> {
+    let quoted = serde_json::to_vec(name).expect("a string serializes");
+    if quoted.len() > MAX_LITERAL_BYTES {
+        return error(
+            at,
+            format!("a property name longer than {MAX_LITERAL_BYTES} bytes"),
+        );
+    }
+    Ok(quoted[1..quoted.len() - 1].into())
+}
+
+fn escape_pointer(name: &str) -> String {
+    name.replace('~', "~0").replace('/', "~1")
+}
+
+fn length_bounds(
+    map: &Map<String, Value>,
+    min_key: &str,
+    max_key: &str,
+    at: &str,
+) -> Result<(u32, u32), SchemaError> {
+    let read = |key: &str, default: u32| match map.get(key) {
+        None => Ok(default),
+        Some(v) => match v.as_u64().or_else(|| {
+            v.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+                .map(|f| f as u64)
+        }) {
+            Some(n) => Ok(n.min(u64::from(u32::MAX)) as u32),
+            None => error(at, format!("`{key}` must be a non-negative integer")),
+        },
+    };
+    let (min, max) = (read(min_key, 0)?, read(max_key, u32::MAX)?);
+    if min > max {
+        return error(at, format!("`{min_key}` is above `{max_key}`"));
+    }
+    Ok((min, max))
+}
+
+fn number_bounds(map: &Map<String, Value>, at: &str) -> Result<Bounds, SchemaError> {
+    let number = |key: &str| match map.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(f) => Ok(Some(f)),
+            // Draft 4 wrote the exclusive forms as booleans beside minimum/maximum.
+            None if v.is_boolean() => Ok(None),
+            None => error(at, format!("`{key}` must be a number")),
+        },
+    };
+    let draft4 = |key: &str| map.get(key) == Some(&Value::Bool(true));
+    let mut bounds = Bounds::ANY;
+    if let Some(lo) = number("minimum")? {
+        bounds.lo = lo;
+        bounds.lo_strict = draft4("exclusiveMinimum");
+    }
+    if let Some(hi) = number("maximum")? {
+        bounds.hi = hi;
+        bounds.hi_strict = draft4("exclusiveMaximum");
+    }
+    if let Some(lo) = number("exclusiveMinimum")? {
+        if lo >= bounds.lo {
+            bounds.lo = lo;
+            bounds.lo_strict = true;
+        }
+    }
+    if let Some(hi) = number("exclusiveMaximum")? {
+        if hi <= bounds.hi {
+            bounds.hi = hi;
+            bounds.hi_strict = true;
+        }
+    }
+    Ok(bounds)
+}

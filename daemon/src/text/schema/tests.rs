@@ -1,0 +1,513 @@
+//! The schema acceptor against a reference validator (`jsonschema`): random texts it
+//! lets through always validate and it never leaves a text with no way on; fixed
+//! documents are accepted or refused as the schema says; unsupported schemas are
+//! refused with a message that names the problem.
+
+use serde_json::{json, Value};
+
+use super::{FrameStack, Schema, SchemaState};
+
+/// A schema shaped like what pydantic writes for a model: `$defs`, `$ref`,
+/// `anyOf` with null, bounds, enums and maps.
+fn person() -> Value {
+    json!({
+        "$defs": {
+            "Address": {
+                "type": "object",
+                "properties": {
+                    "street": {"type": "string", "maxLength": 20},
+                    "zip": {"type": "string", "minLength": 5, "maxLength": 5}
+                },
+                "required": ["street", "zip"],
+                "additionalProperties": false
+            }
+        },
+        "type": "object",
+        "title": "Person",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+            "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["a", "bb", "b"]},
+                "minItems": 1,
+                "maxItems": 3
+            },
+            "address": {"$ref": "#/$defs/Address"},
+            "nickname": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null},
+            "kind": {"const": "person"},
+            "flags": {"type": "object", "additionalProperties": {"type": "boolean"}},
+            "extra": {}
+        },
+        "required": ["name", "age", "kind"],
+        "additionalProperties": false
+    })
+}
+
+fn tree() -> Value {
+    json!({
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {
+                    "value": {"type": "integer", "minimum": -5, "exclusiveMaximum": 5},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 2}
+                },
+                "required": ["value"],
+                "additionalProperties": false
+            }
+        },
+        "$ref": "#/$defs/Node"
+    })
+}
+
+fn literals() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "v": {"enum": [1, 12, -1.5, "x", "x\"y", null, {"a": [1, 2]}, true, [] ]},
+            "n": {"type": ["integer", "null", "string"], "maxLength": 3, "maximum": 99},
+            "b": {"type": "boolean"}
+        },
+        "required": ["v", "n"]
+    })
+}
+
+/// Names with escapes and names that begin alike, beside keys outside the list.
+fn keys() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "a\"b": {"type": "null"},
+            "é": {"type": "boolean"},
+            "a": {"type": "integer"},
+            "ab": {"type": "integer"},
+            "tab\t": {"type": "integer"}
+        },
+        "required": ["a\"b", "é", "tab\t"],
+        "additionalProperties": {"type": "string", "maxLength": 2}
+    })
+}
+
+fn any_object() -> Value {
+    json!({"type": "object"})
+}
+
+fn all_schemas() -> Vec<(&'static str, Value)> {
+    vec![
+        ("person", person()),
+        ("tree", tree()),
+        ("literals", literals()),
+        // In an object that takes any key, random keys would almost never spell the
+        // required names: the fixed documents check those.
+        ("keys", {
+            let mut k = keys();
+            k["required"] = json!([]);
+            k
+        }),
+        ("any object", any_object()),
+    ]
+}
+
+fn compile(schema: &Value) -> Schema {
+    Schema::compile(&schema.to_string()).expect("compiles")
+}
+
+/// Whether `text` is accepted whole (and ends the object).
+fn accepts(schema: &Schema, text: &str) -> bool {
+    let mut frames = FrameStack::default();
+    let mut state = SchemaState::new(schema);
+    state.feed_all(schema, &mut frames, text.as_bytes()) && state.is_done()
+}
+
+/// Whether `text` is accepted as a beginning.
+fn accepts_prefix(schema: &Schema, text: &str) -> bool {
+    let mut frames = FrameStack::default();
+    SchemaState::new(schema).feed_all(schema, &mut frames, text.as_bytes())
+}
+
+/// xorshift64*: the tests' own small random source, seeded per case.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A random text the acceptor lets through, byte by byte: every step must leave some
+/// byte to go on with. Past `soft_len` bytes, closers are preferred so the text ends;
+/// `None` when it still has not after `hard_len`.
+fn random_text(schema: &Schema, rng: &mut Rng, soft_len: usize, hard_len: usize) -> Option<String> {
+    let mut frames = FrameStack::default();
+    let mut state = SchemaState::new(schema);
+    let mut text = Vec::new();
+    // Mostly ASCII, with a few multi-byte characters and escapes.
+    let alphabet: Vec<u8> = (0x20..0x7F)
+        .chain([b'\n', 0xC3, 0xA9, 0xE2, 0x82, 0xAC])
+        .collect();
+    while !state.is_done() {
+        let allowed: Vec<u8> = alphabet
+            .iter()
+            .copied()
+            .filter(|&b| state.clone().feed(schema, &mut frames.clone(), b))
+            .collect();
+        assert!(
+            !allowed.is_empty(),
+            "no way on after {:?}",
+            String::from_utf8_lossy(&text)
+        );
+        let closers: Vec<u8> = allowed
+            .iter()
+            .copied()
+            .filter(|b| b"\"}]".contains(b))
+            .collect();
+        let b = if text.len() > soft_len && !closers.is_empty() {
+            closers[rng.below(closers.len())]
+        } else if text.len() > soft_len
+            && allowed.iter().any(u8::is_ascii_digit)
+            && rng.below(2) == 0
+        {
+            // A number ends only with what follows it: let structure come.
+            let structural: Vec<u8> = allowed
+                .iter()
+                .copied()
+                .filter(|b| b",}]".contains(b))
+                .collect();
+            if structural.is_empty() {
+                allowed[rng.below(allowed.len())]
+            } else {
+                structural[rng.below(structural.len())]
+            }
+        } else {
+            allowed[rng.below(allowed.len())]
+        };
+        assert!(state.feed(schema, &mut frames, b));
+        text.push(b);
+        if text.len() > hard_len {
+            return None;
+        }
+    }
+    Some(String::from_utf8(text).expect("the acceptor holds strings to UTF-8"))
+}
+
+#[test]
+fn random_accepted_texts_validate_and_never_reach_a_dead_end() {
+    for (name, document) in all_schemas() {
+        let schema = compile(&document);
+        let validator = jsonschema::validator_for(&document).expect("a valid schema");
+        let mut finished = 0;
+        for seed in 1..=300u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let Some(text) = random_text(&schema, &mut rng, 40 + seed as usize % 80, 4000) else {
+                continue;
+            };
+            finished += 1;
+            if seed <= 3 {
+                eprintln!("{name}: {text:?}");
+            }
+            let value: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{name}: {text:?} does not parse: {e}"));
+            let errors: Vec<String> = validator
+                .iter_errors(&value)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(
+                errors.is_empty(),
+                "{name}: {text:?} fails the schema: {errors:?}"
+            );
+        }
+        assert!(
+            finished >= 250,
+            "{name}: only {finished} of 300 texts ended"
+        );
+    }
+}
+
+#[test]
+fn documents_are_accepted_or_refused_as_the_schema_says() {
+    let person = compile(&person());
+    for text in [
+        r#"{"name":"Ada","age":36,"kind":"person"}"#,
+        r#"{ "kind" : "person", "age": 0, "name": "A", "score": 1, "tags": ["bb", "a"] }"#,
+        r#"{"name":"Ada","age":130,"kind":"person","address":{"zip":"12345","street":""}}"#,
+        r#"{"name":"Ada","age":36,"kind":"person","nickname":null,"flags":{"x":true,"y":false}}"#,
+        r#"{"name":"Ada","age":36,"kind":"person","nickname":"ada","extra":[1,{"q":null}]}"#,
+        r#"{"name":"Ada","age":36,"kind":"person","score":0.000001}"#,
+    ] {
+        assert!(accepts(&person, text), "refused {text}");
+    }
+    for (text, why) in [
+        (r#"{"name":"Ada","age":36}"#, "kind is required"),
+        (r#"{"name":"","age":36,"kind":"person"}"#, "name too short"),
+        (
+            r#"{"name":"Ada Lovelace Byron","age":36,"kind":"person"}"#,
+            "name too long",
+        ),
+        (
+            r#"{"name":"Ada","age":131,"kind":"person"}"#,
+            "age above maximum",
+        ),
+        (
+            r#"{"name":"Ada","age":-1,"kind":"person"}"#,
+            "age below minimum",
+        ),
+        (
+            r#"{"name":"Ada","age":36.5,"kind":"person"}"#,
+            "age not an integer",
+        ),
+        (
+            r#"{"name":"Ada","age":1e1,"kind":"person"}"#,
+            "integer with exponent",
+        ),
+        (r#"{"name":"Ada","age":36,"kind":"people"}"#, "const"),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","score":0}"#,
+            "score exclusive minimum",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","score":1.5}"#,
+            "score above maximum",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","tags":[]}"#,
+            "minItems",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","tags":["a","a","a","a"]}"#,
+            "maxItems",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","tags":["c"]}"#,
+            "enum",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","name":"Bo"}"#,
+            "duplicate key",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","other":1}"#,
+            "unknown key",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","address":{"zip":"1234","street":""}}"#,
+            "zip too short",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","address":{"street":""}}"#,
+            "zip is required",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","nickname":1}"#,
+            "nickname is a string or null",
+        ),
+        (
+            r#"{"name":"Ada","age":36,"kind":"person","flags":{"x":1}}"#,
+            "flags are booleans",
+        ),
+        (r#"["name"]"#, "not an object"),
+    ] {
+        assert!(!accepts(&person, text), "accepted {text}: {why}");
+    }
+
+    let literals = compile(&literals());
+    for text in [
+        r#"{"v":1,"n":null}"#,
+        r#"{"v":12,"n":99}"#,
+        r#"{"v":-1.5,"n":"abc"}"#,
+        r#"{"v":"x\"y","n":-7}"#,
+        r#"{"v":{"a":[1,2]},"n":null,"b":false}"#,
+        r#"{"v":[],"n":0}"#,
+        r#"{"n":null,"v":true}"#,
+    ] {
+        assert!(accepts(&literals, text), "refused {text}");
+    }
+    for text in [
+        r#"{"v":2,"n":null}"#,
+        r#"{"v":123,"n":null}"#,
+        r#"{"v":1.0,"n":null}"#,
+        r#"{"v":{"a":[1,2,3]},"n":null}"#,
+        r#"{"v":{ "a":[1,2]},"n":null}"#,
+        r#"{"v":1,"n":100}"#,
+        r#"{"v":1,"n":"abcd"}"#,
+        r#"{"v":1,"n":true}"#,
+        r#"{"v":false,"n":null}"#,
+    ] {
+        assert!(!accepts(&literals, text), "accepted {text}");
+    }
+
+    let keys = compile(&keys());
+    for text in [
+        r#"{"a\"b":null,"é":true,"tab\t":1}"#,
+        r#"{"tab\t":1,"a\"b":null,"é":false,"a":1,"ab":2,"zz":"hi","abc":""}"#,
+    ] {
+        assert!(accepts(&keys, text), "refused {text}");
+    }
+    for text in [
+        r#"{"a\"b":null,"é":true}"#,
+        r#"{"a\"b":null,"\u00e9":true,"tab\t":1}"#,
+        r#"{"a\"b":null,"é":true,"tab\t":1,"a":1,"a":2}"#,
+        r#"{"a\"b":null,"é":true,"tab\t":1,"zz":"long"}"#,
+        r#"{"a\"b":null,"é":true,"tab\u0009":1}"#,
+        r#"{"a\"b":null,"é":true,"tab\t":1,"z\n":"x"}"#,
+    ] {
+        assert!(!accepts(&keys, text), "accepted {text}");
+    }
+}
+
+#[test]
+fn a_dead_end_is_refused_at_its_first_byte() {
+    let person = compile(&person());
+    // The age is at most 130: after 13, a third digit can only be 0.
+    assert!(accepts_prefix(&person, r#"{"age":13"#));
+    assert!(accepts_prefix(&person, r#"{"age":130"#));
+    assert!(!accepts_prefix(&person, r#"{"age":131"#));
+    assert!(!accepts_prefix(&person, r#"{"age":1300"#));
+    // Once every name is written, no comma.
+    let one =
+        compile(&json!({"properties": {"a": {"type": "null"}}, "additionalProperties": false}));
+    assert!(accepts_prefix(&one, r#"{"a":null"#));
+    assert!(!accepts_prefix(&one, r#"{"a":null,"#));
+    // A key that is no name's beginning.
+    assert!(!accepts_prefix(&one, r#"{"b"#));
+    // An enum string that leaves every value.
+    assert!(!accepts_prefix(&person, r#"{"tags":["c"#));
+}
+
+#[test]
+fn recursive_schemas_follow_their_references() {
+    let tree = compile(&tree());
+    assert!(accepts(
+        &tree,
+        r#"{"value":1,"children":[{"value":-5,"children":[]},{"value":4,"children":[{"value":0}]}]}"#
+    ));
+    assert!(!accepts(&tree, r#"{"value":1,"children":[{"value":5}]}"#));
+    assert!(!accepts(&tree, r#"{"value":1,"children":[{}]}"#));
+    assert!(!accepts(
+        &tree,
+        r#"{"value":1,"children":[{"value":0},{"value":0},{"value":0}]}"#
+    ));
+}
+
+#[test]
+fn unsupported_or_impossible_schemas_are_refused_with_a_reason() {
+    for (schema, expected) in [
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}),
+            "`pattern` is not supported",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {"x": {}}}]}}}),
+            "can both begin with `{`",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}),
+            "can both begin with `-`",
+        ),
+        (json!({"type": "array"}), "root must allow an object"),
+        (json!({"$ref": "#/$defs/missing"}), "points at nothing"),
+        (
+            json!({"$ref": "https://example.com/s.json"}),
+            "same document",
+        ),
+        (
+            json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+            "lead only to each other",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": false}}),
+            "allows no value",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"enum": []}}}),
+            "no value of `enum`",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}}),
+            "`minLength` is above `maxLength`",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1.2, "maximum": 1.8}}}),
+            "no integer",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "date"}}}),
+            "unknown type `date`",
+        ),
+        (
+            json!({"type": "object", "required": ["a"], "additionalProperties": false}),
+            "`a` is required",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/x", "maxLength": 3}}}),
+            "`$ref` beside `maxLength`",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {"maxLength": 3}]}}}),
+            "exactly one schema",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "array", "items": [{"type": "string"}]}}}),
+            "tuples",
+        ),
+    ] {
+        let err = Schema::compile(&schema.to_string()).expect_err(&schema.to_string());
+        assert!(
+            err.to_string().contains(expected),
+            "{err} (wanted {expected:?}) for {schema}"
+        );
+    }
+    let err = Schema::compile("{not json").unwrap_err();
+    assert!(err.to_string().contains("not valid JSON"), "{err}");
+    // The error says where.
+    let err =
+        Schema::compile(&json!({"properties": {"a/b": {"not": {}}}}).to_string()).unwrap_err();
+    assert_eq!(err.at, "/properties/a~1b");
+}
+
+#[test]
+fn annotations_and_draft_4_forms_are_understood() {
+    let schema = compile(&json!({
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "title": "T",
+        "description": "d",
+        "type": "object",
+        "properties": {
+            "when": {"type": "string", "format": "date-time", "examples": ["2026"]},
+            "n": {"type": "number", "minimum": 0, "exclusiveMinimum": true, "maximum": 2, "exclusiveMaximum": true},
+            "o": {"allOf": [{"$ref": "#/definitions/O"}], "description": "one of pydantic's wrappings"}
+        },
+        "definitions": {"O": {"type": "object", "properties": {"k": {"type": "boolean"}}}},
+        "required": ["n"]
+    }));
+    assert!(accepts(&schema, r#"{"n":1.5,"when":"now","o":{"k":true}}"#));
+    assert!(!accepts(&schema, r#"{"n":0}"#));
+    assert!(!accepts(&schema, r#"{"n":2}"#));
+    assert!(!accepts(&schema, r#"{"n":1,"o":{"k":1}}"#));
+}
+
+#[test]
+fn the_root_may_reference_itself_and_a_choice_may_list_itself() {
+    let schema = compile(&json!({
+        "type": "object",
+        "properties": {
+            "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}
+        },
+        "required": ["next"],
+        "additionalProperties": false
+    }));
+    assert!(accepts(&schema, r#"{"next":{"next":{"next":null}}}"#));
+    assert!(!accepts(&schema, r#"{"next":{}}"#));
+    let looping = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/c"}},
+        "$defs": {"c": {"anyOf": [{"$ref": "#/$defs/c"}, {"type": "null"}]}}});
+    let schema = compile(&looping);
+    assert!(accepts(&schema, r#"{"a":null}"#));
+}
