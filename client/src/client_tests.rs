@@ -488,6 +488,33 @@ async fn json_output_is_refused_locally_by_a_1_2_daemon() {
 }
 
 #[tokio::test]
+async fn a_json_schema_is_refused_locally_by_a_1_3_daemon_that_takes_json_objects() {
+    let (client, mut daemon) = connected_minor(3).await;
+    let schema = OutputFormat::JsonSchema {
+        schema: r#"{"type":"object"}"#.to_string(),
+    };
+    let err = client
+        .generate_as(request(1), schema)
+        .await
+        .map(|_| ())
+        .expect_err("1.3 daemon");
+    assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("1.4 can"), "{err}");
+    // The same connection still takes a plain JSON object.
+    let _json = client
+        .generate_as(request(2), OutputFormat::JsonObject)
+        .await
+        .unwrap();
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::GenerateFormatted {
+            request: GenerateRequest { id: 2, .. },
+            format: OutputFormat::JsonObject,
+        }))
+    ));
+}
+
+#[tokio::test]
 async fn plain_text_goes_as_a_1_0_generate_and_json_as_generate_formatted() {
     let (client, mut daemon) = connected_minor(3).await;
     let _text = client

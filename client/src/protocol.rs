@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 3;
+pub const PROTOCOL_MINOR: u16 = 4;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -57,8 +57,8 @@ pub enum ClientMessage {
     CacheStatus {
         id: u64,
     },
-    /// `Generate` with its text held to a format (JSON output). Since 1.3; answered like
-    /// `Generate`.
+    /// `Generate` with its text held to a format (JSON output). Since 1.3 (the format
+    /// [`OutputFormat::JsonSchema`] since 1.4); answered like `Generate`.
     GenerateFormatted {
         request: GenerateRequest,
         format: OutputFormat,
@@ -66,7 +66,7 @@ pub enum ClientMessage {
 }
 
 /// The form a generation's text must take.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OutputFormat {
     /// Whatever the model writes (what `Generate` gives).
     #[default]
@@ -80,6 +80,28 @@ pub enum OutputFormat {
     /// digits; nesting stops at 64 levels and whitespace between tokens at 64 bytes in a
     /// row.
     JsonObject,
+    /// [`OutputFormat::JsonObject`], and the object valid under this JSON Schema (the
+    /// document's text). Since 1.4. A schema the daemon cannot enforce is refused with
+    /// `InvalidRequest` and a message that says what and where, rather than answered
+    /// with text that may not match it: supported are `type`, `properties`, `required`,
+    /// `additionalProperties`, `items`, `minItems`/`maxItems`,
+    /// `minLength`/`maxLength`, `minimum`/`maximum` and their exclusive forms, `enum`,
+    /// `const`, `anyOf`/`oneOf` whose alternatives begin differently (a string or
+    /// null), `allOf` of one schema, and `$ref` within the document (recursive too);
+    /// annotations such as `description` and `format` are ignored. Listed properties
+    /// come in any order, each at most once; other keys only where
+    /// `additionalProperties` is a schema or the object lists no properties.
+    JsonSchema { schema: String },
+}
+
+impl OutputFormat {
+    /// The protocol minor version that introduced this format.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            OutputFormat::Text | OutputFormat::JsonObject => 3,
+            OutputFormat::JsonSchema { .. } => 4,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,7 +162,7 @@ impl ClientMessage {
         match self {
             ClientMessage::RecordJob { .. } => 1,
             ClientMessage::CacheStatus { .. } => 2,
-            ClientMessage::GenerateFormatted { .. } => 3,
+            ClientMessage::GenerateFormatted { format, .. } => format.since_minor(),
             ClientMessage::Hello(_)
             | ClientMessage::Generate(_)
             | ClientMessage::Cancel { .. }
@@ -641,14 +663,37 @@ mod tests {
             (ClientMessage::CacheStatus { id: 1 }, 8, 2),
             (
                 ClientMessage::GenerateFormatted {
-                    request,
+                    request: request.clone(),
                     format: OutputFormat::JsonObject,
                 },
                 9,
                 3,
             ),
+            (
+                ClientMessage::GenerateFormatted {
+                    request,
+                    format: OutputFormat::JsonSchema {
+                        schema: "{}".into(),
+                    },
+                },
+                9,
+                4,
+            ),
         ];
         check(&cases, ClientMessage::since_minor);
+    }
+
+    #[test]
+    fn output_formats_keep_their_indices() {
+        let encode = |f: &OutputFormat| postcard::to_allocvec(f).unwrap();
+        assert_eq!(encode(&OutputFormat::Text), [0]);
+        assert_eq!(encode(&OutputFormat::JsonObject), [1]);
+        assert_eq!(
+            encode(&OutputFormat::JsonSchema {
+                schema: "{}".into()
+            }),
+            [2, 2, b'{', b'}']
+        );
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! its file is not on this machine.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use sparkd::text::constraint::{JsonConstraint, JsonFilter};
 use sparkd::text::sampler::TokenFilter;
+use sparkd::text::schema::Schema;
 use sparkd::text::Tokenizer;
 
 mod support;
@@ -48,12 +50,32 @@ fn the_mask_allows_exactly_the_tokens_that_continue_the_json() {
     ];
     for (name, path) in vocabs {
         if let Some(tok) = load(name, path) {
-            check_vocab(name, &tok);
+            check_vocab(name, &tok, JsonConstraint::new(), "any object");
+            check_vocab(name, &tok, JsonConstraint::with_schema(schema()), "schema");
         }
     }
 }
 
-fn check_vocab(name: &str, tok: &Tokenizer) {
+/// A schema the text below matches, with a length limit on a string (where the mask
+/// cannot take plain string tokens as a set), bounds, a choice and an empty object.
+fn schema() -> Arc<Schema> {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 30},
+            "tags": {"type": "array", "items": {"anyOf": [
+                {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}
+            ]}},
+            "x": {"type": "object", "additionalProperties": false}
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false
+    });
+    Arc::new(Schema::compile(&schema.to_string()).expect("compiles"))
+}
+
+fn check_vocab(name: &str, tok: &Tokenizer, mut c: JsonConstraint, what: &str) {
     let text = "{\n  \"name\": \"Félix 😀\",\n  \"age\": 10, \"tags\": [\"a\\n\", -1.5e+3, true, null],\n  \"x\": {}\n}";
     let mut ids = tok.encode(text, false, false);
     // SentencePiece prefixes a space (`▁{`); JSON output starts at the `{` itself.
@@ -64,7 +86,6 @@ fn check_vocab(name: &str, tok: &Tokenizer) {
             .unwrap_or_else(|| panic!("{name}: no token for {rest:?}"));
     }
     assert_eq!(tok.decode(&ids), text, "{name}");
-    let mut c = JsonConstraint::new();
     // The first mask sorts the vocabulary.
     let started = Instant::now();
     masked(&mut c, tok);
@@ -94,7 +115,7 @@ fn check_vocab(name: &str, tok: &Tokenizer) {
     }
     assert!(c.is_done(), "{name}");
     eprintln!(
-        "{name}: {} tokens, {} in the vocabulary: the first mask took {:.2} ms, the slowest after it {:.2} ms",
+        "{name}, {what}: {} tokens, {} in the vocabulary: the first mask took {:.2} ms, the slowest after it {:.2} ms",
         ids.len(),
         tok.vocab_size(),
         first * 1e3,

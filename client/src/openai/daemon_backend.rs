@@ -119,6 +119,7 @@ impl Backend for DaemonBackend {
             let generation = self
                 .with_client(|client| {
                     let mut req = req.clone();
+                    let format = format.clone();
                     async move {
                         req.id = client.next_request_id();
                         client.generate_as(req, format).await

@@ -29,7 +29,7 @@ pub struct ParsedRequest {
     pub stream: bool,
     /// `stream_options.include_usage`: send a final usage chunk.
     pub include_usage: bool,
-    /// `response_format`: plain text, or a JSON object.
+    /// `response_format`: plain text, a JSON object, or one held to a JSON Schema.
     pub format: OutputFormat,
 }
 
@@ -106,6 +106,14 @@ struct ContentPart {
 struct ResponseFormat {
     #[serde(rename = "type")]
     kind: String,
+    /// For `json_schema`: `{name, description, schema, strict}`.
+    json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+struct JsonSchemaFormat {
+    /// The schema document; without one, any JSON object.
+    schema: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +132,38 @@ enum Prompt {
     Many(Vec<String>),
 }
 
+/// `response_format`. A `json_schema`'s schema goes to the daemon as it is: the daemon
+/// says what it cannot enforce (and sparkd holds the output to the schema whether or
+/// not `strict` is set).
+fn output_format(format: ResponseFormat) -> Result<OutputFormat, ApiError> {
+    match (format.kind.as_str(), format.json_schema) {
+        ("text", _) => Ok(OutputFormat::Text),
+        ("json_object", _) => Ok(OutputFormat::JsonObject),
+        ("json_schema", Some(JsonSchemaFormat { schema: None })) => Ok(OutputFormat::JsonObject),
+        ("json_schema", Some(JsonSchemaFormat { schema: Some(schema) })) => {
+            if !(schema.is_object() || schema.is_boolean()) {
+                return Err(ApiError::invalid(
+                    "response_format.json_schema.schema".to_string(),
+                    "the schema must be a JSON object",
+                ));
+            }
+            Ok(OutputFormat::JsonSchema {
+                schema: schema.to_string(),
+            })
+        }
+        ("json_schema", None) => Err(ApiError::invalid(
+            "response_format.json_schema".to_string(),
+            "response_format of type 'json_schema' needs a 'json_schema' object",
+        )),
+        (kind, _) => Err(ApiError::unsupported(
+            "response_format",
+            format!(
+                "response_format type '{kind}' is not supported (use 'json_schema', 'json_object' or 'text')"
+            ),
+        )),
+    }
+}
+
 /// Parses and validates a `/v1/chat/completions` body.
 pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
     let value = parse_object(body)?;
@@ -138,17 +178,9 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             ));
         }
     }
-    let format = match chat.response_format.as_ref().map(|f| f.kind.as_str()) {
-        None | Some("text") => OutputFormat::Text,
-        Some("json_object") => OutputFormat::JsonObject,
-        Some(kind) => {
-            return Err(ApiError::unsupported(
-                "response_format",
-                format!(
-                    "response_format type '{kind}' is not supported (use 'json_object' or 'text')"
-                ),
-            ))
-        }
+    let format = match chat.response_format {
+        None => OutputFormat::Text,
+        Some(format) => output_format(format)?,
     };
     let logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
         (false, Some(_)) => {

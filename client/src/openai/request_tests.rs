@@ -199,8 +199,16 @@ fn out_of_range_values_are_refused() {
         (json!({"logit_bias": {"5": 101}}), "logit_bias.5"),
         (json!({"tools": [{"type": "function"}]}), "tools"),
         (
-            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            json!({"response_format": {"type": "grammar", "grammar": "root ::= x"}}),
             "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}}),
+            "response_format.json_schema.schema",
         ),
         (json!({"temperature": 1e39}), "temperature"),
     ];
@@ -322,6 +330,22 @@ fn response_format_picks_the_output_format() {
     assert_eq!(parse(Some(json!({"type": "text"}))), OutputFormat::Text);
     assert_eq!(
         parse(Some(json!({"type": "json_object"}))),
+        OutputFormat::JsonObject
+    );
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    assert_eq!(
+        parse(Some(json!({"type": "json_schema", "json_schema": {
+            "name": "answer", "strict": true, "schema": schema
+        }}))),
+        OutputFormat::JsonSchema {
+            schema: schema.to_string()
+        }
+    );
+    // A json_schema without a schema: any object.
+    assert_eq!(
+        parse(Some(
+            json!({"type": "json_schema", "json_schema": {"name": "any"}})
+        )),
         OutputFormat::JsonObject
     );
     // Completions have no response_format.

@@ -17,6 +17,7 @@ use spark_client::protocol::{
 use crate::backend::{Backend, CpuBackend, DeviceReport};
 use crate::model::{Model, BLOCK_TOKENS};
 use crate::text::constraint::JsonConstraint;
+use crate::text::schema::Schema;
 use crate::text::{
     sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
 };
@@ -317,6 +318,16 @@ impl EngineHandle {
         }
         sampler::validate(&req.sampling, self.tokenizer.vocab_size())
             .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
+        // The schema is checked before the prompt is tokenized: the cheaper refusal.
+        let json = match &sub.format {
+            OutputFormat::Text => None,
+            OutputFormat::JsonObject => Some(JsonConstraint::new()),
+            OutputFormat::JsonSchema { schema } => {
+                let schema = Schema::compile(schema)
+                    .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
+                Some(JsonConstraint::with_schema(Arc::new(schema)))
+            }
+        };
         let tokens = self.prompt_tokens(req)?;
         if tokens.is_empty() {
             return Err(invalid(
@@ -378,7 +389,7 @@ impl EngineHandle {
             sampler,
             decoder: StreamDecoder::skipping_control(),
             stop: StopMatcher::new(&req.stop),
-            json: (sub.format == OutputFormat::JsonObject).then(JsonConstraint::new),
+            json,
             logprobs: req.logprobs,
             events: sub.events,
             timings: SeqTimings {

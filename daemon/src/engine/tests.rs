@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
-    CacheReport, DoneEvent, FinishReason, GenerateRequest, OutputFormat, PrefillEvent, PromptInput,
-    SamplingParams, ServerMessage,
+    CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateRequest, OutputFormat, PrefillEvent,
+    PromptInput, SamplingParams, ServerMessage,
 };
 
 use super::{ClientInfo, Engine, EngineConfig, EngineHandle, Submission};
@@ -501,4 +501,103 @@ fn sampled_json_output_is_always_a_valid_beginning_and_whole_when_it_stops() {
     }
     eprintln!("{stopped} of 24 objects closed within 48 tokens");
     assert!(stopped > 0, "no object ever closed: the test shows nothing");
+}
+
+#[test]
+fn json_schema_output_holds_to_the_schema_and_validates_when_it_stops() {
+    let (engine, _) = engine(true);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 9},
+            "b": {"enum": ["x", "yz"]},
+            "c": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+            "d": {"type": "string", "maxLength": 3}
+        },
+        "required": ["a", "b"],
+        "additionalProperties": false
+    });
+    let validator = jsonschema::validator_for(&schema).expect("a valid schema");
+    let compiled = crate::text::schema::Schema::compile(&schema.to_string()).unwrap();
+    let mut stopped = 0;
+    for seed in 0..16 {
+        // This random model favours whitespace; less of it, and closers a little
+        // likelier, so that most objects close within the budget.
+        let mut logit_bias: Vec<(u32, f32)> =
+            b" \t\r\n".iter().map(|&b| (u32::from(b), -8.0)).collect();
+        logit_bias.extend([(CLOSE_BRACE, 4.0), (b']' as u32, 3.0), (b'"' as u32, 3.0)]);
+        let sampling = SamplingParams {
+            temperature: 1.5,
+            seed: Some(seed),
+            logit_bias,
+            ..SamplingParams::default()
+        };
+        let format = OutputFormat::JsonSchema {
+            schema: schema.to_string(),
+        };
+        let events = submit_as(&engine, seed + 1, "data:", 64, sampling, format);
+        let (_, answer, done) = collect(events);
+        let mut frames = crate::text::schema::FrameStack::default();
+        let mut state = crate::text::schema::SchemaState::new(&compiled);
+        assert!(
+            state.feed_all(&compiled, &mut frames, answer.as_bytes()),
+            "seed {seed}: {answer:?}"
+        );
+        match done.finish_reason {
+            FinishReason::Stop => {
+                stopped += 1;
+                let value: serde_json::Value = serde_json::from_str(&answer)
+                    .unwrap_or_else(|e| panic!("seed {seed}: {answer:?}: {e}"));
+                let errors: Vec<String> = validator
+                    .iter_errors(&value)
+                    .map(|e| e.to_string())
+                    .collect();
+                assert!(errors.is_empty(), "seed {seed}: {answer:?}: {errors:?}");
+            }
+            FinishReason::Length => assert!(!state.is_done()),
+            other => panic!("seed {seed}: finished {other:?}"),
+        }
+    }
+    eprintln!("{stopped} of 16 objects closed within 64 tokens");
+    assert!(
+        stopped >= 4,
+        "{stopped} objects closed: the test shows little"
+    );
+}
+
+#[test]
+fn a_schema_that_cannot_be_enforced_is_refused_before_anything_runs() {
+    let (engine, _) = engine(true);
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id: 7,
+        model: None,
+        input: PromptInput::Raw {
+            text: "x".into(),
+            special: false,
+        },
+        sampling: SamplingParams::default(),
+        max_tokens: Some(4),
+        stop: Vec::new(),
+        logprobs: None,
+    };
+    let err = engine
+        .submit(Submission {
+            format: OutputFormat::JsonSchema {
+                schema: r#"{"type":"object","properties":{"a":{"not":{}}}}"#.into(),
+            },
+            conn: 1,
+            client: ClientInfo::default(),
+            request,
+            arrived: Instant::now(),
+            events: tx,
+        })
+        .expect_err("refused");
+    assert_eq!(err.kind, ErrorKind::InvalidRequest);
+    assert_eq!(err.id, Some(7));
+    assert!(
+        err.message.contains("#/properties/a") && err.message.contains("`not`"),
+        "{}",
+        err.message
+    );
 }

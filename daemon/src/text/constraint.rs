@@ -1,5 +1,6 @@
 //! Constrained output: the tokens that may come next so that a generation stays valid
-//! JSON (`OutputFormat::JsonObject`).
+//! JSON (`OutputFormat::JsonObject`), held to a JSON Schema where one is given
+//! (`OutputFormat::JsonSchema`).
 //!
 //! Masking asks, for every token of the vocabulary, whether its bytes continue the text
 //! so far. Walking the vocabulary in byte order ([`ByteOrderedVocab`]) makes that a walk
@@ -9,10 +10,14 @@
 //! Inside a string, where nearly every token is allowed, the tokens that are plain string
 //! text (no quote, backslash or control byte, whole characters) are allowed as a set and
 //! only the others are walked: a 152k vocabulary's mask there drops from about 5 ms to a
-//! fraction of that.
+//! fraction of that. In a string with a length limit, the plain tokens that fit are
+//! taken by their character counts, sorted once.
+
+use std::sync::{Arc, OnceLock};
 
 use super::json::JsonAcceptor;
 use super::sampler::TokenFilter;
+use super::schema::{FrameStack, Schema, SchemaState};
 use super::Tokenizer;
 
 /// Whether `id` stands for text the output may hold: not a control, unknown or
@@ -55,6 +60,9 @@ pub struct ByteOrderedVocab {
     /// and leaves the string open.
     plain: Vec<u64>,
     plain_count: usize,
+    /// The plain tokens by how many characters each begins (an escape is one), for
+    /// strings with a length limit: `(characters, id)`, fewest first.
+    plain_by_chars: Vec<(u32, u32)>,
     /// The text tokens that are not plain string text.
     not_plain: TokenOrder,
 }
@@ -66,12 +74,19 @@ impl ByteOrderedVocab {
             .collect();
         let mut plain = vec![0u64; tok.vocab_size().div_ceil(64)];
         let mut not_plain = Vec::new();
+        let mut plain_by_chars = Vec::new();
         for &id in &text {
             // Without a quote the string cannot end (and another begin) inside the token.
             let bytes = tok.token_bytes(id);
             let mut a = JsonAcceptor::in_string();
-            if !bytes.contains(&b'"') && a.feed_all(bytes) && a.in_plain_string() {
+            let mut chars = 0;
+            let accepted = bytes.iter().all(|&b| {
+                chars += u32::from(a.in_plain_string());
+                a.feed(b)
+            });
+            if !bytes.contains(&b'"') && accepted && a.in_plain_string() {
                 plain[id as usize / 64] |= 1 << (id % 64);
+                plain_by_chars.push((chars, id));
             } else {
                 not_plain.push(id);
             }
@@ -80,24 +95,59 @@ impl ByteOrderedVocab {
             plain_count: text.len() - not_plain.len(),
             all: TokenOrder::new(tok, text),
             plain,
+            plain_by_chars: {
+                plain_by_chars.sort_unstable();
+                plain_by_chars
+            },
             not_plain: TokenOrder::new(tok, not_plain),
         }
     }
 }
 
-/// One request's JSON output: the text accepted so far, and scratch space for masking.
-#[derive(Debug, Clone, Default)]
+/// One request's JSON output: its schema, the text accepted so far, and scratch space
+/// for masking.
+#[derive(Debug, Clone)]
 pub struct JsonConstraint {
-    state: JsonAcceptor,
-    /// The acceptor after each prefix of the token being tried (index = bytes fed).
-    path: Vec<JsonAcceptor>,
+    schema: Arc<Schema>,
+    state: SchemaState,
+    /// The frames of the containers around the innermost one; the first `committed`
+    /// belong to the accepted text, the rest were pushed by tokens only tried.
+    frames: FrameStack,
+    committed: usize,
+    /// The state after each prefix of the token being tried (index = bytes fed).
+    path: Vec<SchemaState>,
     /// One bit per token id: allowed by the last mask.
     allowed: Vec<u64>,
 }
 
+impl Default for JsonConstraint {
+    /// Any JSON object.
+    fn default() -> Self {
+        static ANY_OBJECT: OnceLock<Arc<Schema>> = OnceLock::new();
+        Self::with_schema(
+            ANY_OBJECT
+                .get_or_init(|| Arc::new(Schema::default()))
+                .clone(),
+        )
+    }
+}
+
 impl JsonConstraint {
+    /// Any JSON object.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A JSON object that `schema` allows.
+    pub fn with_schema(schema: Arc<Schema>) -> Self {
+        Self {
+            state: SchemaState::new(&schema),
+            schema,
+            frames: FrameStack::default(),
+            committed: 0,
+            path: Vec::new(),
+            allowed: Vec::new(),
+        }
     }
 
     /// Whether the JSON object is complete: the generation ends here.
@@ -107,31 +157,55 @@ impl JsonConstraint {
 
     /// Takes the chosen token's bytes (which the mask allowed).
     pub fn advance(&mut self, tok: &Tokenizer, token: u32) {
-        let accepted = self.state.feed_all(tok.token_bytes(token));
+        self.frames.truncate(self.committed);
+        let accepted = self
+            .state
+            .feed_all(&self.schema, &mut self.frames, tok.token_bytes(token));
         debug_assert!(accepted, "token {token} was not allowed");
+        self.committed = self.frames.len();
     }
 
     /// Whether `token` may come next.
-    pub fn allows(&self, tok: &Tokenizer, token: u32) -> bool {
-        is_text_token(tok, token) && self.state.clone().feed_all(tok.token_bytes(token))
+    pub fn allows(&mut self, tok: &Tokenizer, token: u32) -> bool {
+        let allowed = is_text_token(tok, token)
+            && self
+                .state
+                .clone()
+                .feed_all(&self.schema, &mut self.frames, tok.token_bytes(token));
+        self.frames.truncate(self.committed);
+        allowed
     }
 
     /// Marks in `self.allowed` every token that may come next; returns how many.
     fn walk(&mut self, tok: &Tokenizer) -> usize {
         let vocab = tok.byte_ordered_vocab();
         self.allowed.clear();
-        let (order, mut count) = if self.state.in_plain_string() {
-            self.allowed.extend_from_slice(&vocab.plain);
-            (&vocab.not_plain, vocab.plain_count)
-        } else {
-            self.allowed.resize(tok.vocab_size().div_ceil(64), 0);
-            (&vocab.all, 0)
+        let longest_plain = vocab.plain_by_chars.last().map_or(0, |&(n, _)| n);
+        let (order, mut count) = match self.state.plain_string_room() {
+            Some(room) if room >= longest_plain => {
+                self.allowed.extend_from_slice(&vocab.plain);
+                (&vocab.not_plain, vocab.plain_count)
+            }
+            // A string with room for `room` more characters: the plain tokens that fit.
+            Some(room) => {
+                self.allowed.resize(tok.vocab_size().div_ceil(64), 0);
+                let fit = vocab.plain_by_chars.partition_point(|&(n, _)| n <= room);
+                for &(_, id) in &vocab.plain_by_chars[..fit] {
+                    self.allowed[id as usize / 64] |= 1 << (id % 64);
+                }
+                (&vocab.not_plain, fit)
+            }
+            None => {
+                self.allowed.resize(tok.vocab_size().div_ceil(64), 0);
+                (&vocab.all, 0)
+            }
         };
         self.path.clear();
         self.path.push(self.state);
         // A prefix of this many bytes of the previous token was refused.
         let mut refused_at = usize::MAX;
         for (&id, &shared) in order.ids.iter().zip(&order.shared) {
+            let schema = &*self.schema;
             let shared = shared as usize;
             if shared >= refused_at {
                 continue; // starts with the refused prefix
@@ -142,7 +216,7 @@ impl JsonConstraint {
             let mut state = self.path[shared];
             refused_at = usize::MAX;
             for (k, &b) in tok.token_bytes(id)[shared..].iter().enumerate() {
-                if !state.feed(b) {
+                if !state.feed(schema, &mut self.frames, b) {
                     refused_at = shared + k + 1;
                     break;
                 }
@@ -153,7 +227,16 @@ impl JsonConstraint {
                 count += 1;
             }
         }
+        self.frames.truncate(self.committed);
         count
+    }
+
+    /// Takes `bytes` as accepted text (tests feed texts that no token spells).
+    #[cfg(test)]
+    fn accept_bytes(&mut self, bytes: &[u8]) -> bool {
+        let accepted = self.state.feed_all(&self.schema, &mut self.frames, bytes);
+        self.committed = self.frames.len();
+        accepted
     }
 
     fn is_allowed(&self, id: usize) -> bool {
@@ -254,7 +337,7 @@ mod tests {
     }
 
     /// Every token, tried one by one on a copy of the acceptor.
-    fn allowed_by_brute_force(c: &JsonConstraint, tok: &Tokenizer) -> Vec<u32> {
+    fn allowed_by_brute_force(c: &mut JsonConstraint, tok: &Tokenizer) -> Vec<u32> {
         (0..tok.vocab_size() as u32)
             .filter(|&id| c.allows(tok, id))
             .collect()
@@ -283,12 +366,56 @@ mod tests {
                 let walk = allowed_by_walk(&mut c, &tok);
                 assert_eq!(
                     walk,
-                    allowed_by_brute_force(&c, &tok),
+                    allowed_by_brute_force(&mut c, &tok),
                     "after {:?}",
                     &text.as_bytes()[..i]
                 );
                 assert!(!walk.is_empty());
-                assert!(c.state.feed(b));
+                assert!(c.accept_bytes(&[b]));
+            }
+            assert!(c.is_done());
+        }
+    }
+
+    /// The same under a schema: keys matched against names, enums, bounded numbers,
+    /// strings with a length limit (plain tokens taken by length, down to no room
+    /// left) and without.
+    #[test]
+    fn under_a_schema_the_walk_allows_exactly_what_each_token_alone_would() {
+        let tok = json_vocab();
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 6},
+                "tags": {"type": "array", "items": {"enum": ["fast", "étéé", 12, null]}},
+                "n": {"type": "number", "minimum": -2, "maximum": 12.5},
+                "i": {"type": "integer", "exclusiveMinimum": 0},
+                "free": {"type": "string"},
+                "x": {"anyOf": [
+                    {"type": "object", "additionalProperties": {"type": "boolean"}},
+                    {"type": "null"}
+                ]}
+            },
+            "required": ["name", "i"],
+            "additionalProperties": false
+        });
+        let schema = Arc::new(Schema::compile(&schema.to_string()).unwrap());
+        for text in [
+            r#"{"name": "sparkd", "tags": ["fast", 12, null, "étéé"], "n": -1.5, "i": 3, "x": {"a": true}}"#,
+            r#"{
+  "free": "\ud83d\ude00 😀 été\n","i":12,"x":null,"name":"é"}"#,
+        ] {
+            let mut c = JsonConstraint::with_schema(schema.clone());
+            for (i, &b) in text.as_bytes().iter().enumerate() {
+                let walk = allowed_by_walk(&mut c, &tok);
+                assert_eq!(
+                    walk,
+                    allowed_by_brute_force(&mut c, &tok),
+                    "after {:?}",
+                    String::from_utf8_lossy(&text.as_bytes()[..i])
+                );
+                assert!(!walk.is_empty());
+                assert!(c.accept_bytes(&[b]), "{:?}", &text.as_bytes()[..=i]);
             }
             assert!(c.is_done());
         }
@@ -298,7 +425,7 @@ mod tests {
     fn control_unknown_and_end_tokens_never_pass() {
         let tok = json_vocab();
         let mut c = JsonConstraint::new();
-        assert!(c.state.feed_all(b"{\"a\":\""));
+        assert!(c.accept_bytes(b"{\"a\":\""));
         // Inside a string any text goes, but not `<|im_end|>` and the like, whose text
         // would otherwise be a fine string.
         let allowed = allowed_by_walk(&mut c, &tok);

@@ -30,6 +30,7 @@ pub struct Args {
 }
 
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
+    let format = args.request.output_format()?;
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
         client = connect::connect(global, Autostart::Allowed) => client?,
@@ -86,10 +87,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                 global.requested_model(),
                 args.request.chat(&turns),
             );
-            let answer = match client
-                .generate_as(request, args.request.format.into())
-                .await
-            {
+            let answer = match client.generate_as(request, format.clone()).await {
                 Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
                 Err(err) => Err(err.into()),
             };

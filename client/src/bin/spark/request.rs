@@ -1,5 +1,6 @@
 //! The generation flags `run` and `chat` share, and the request they make.
 
+use anyhow::Context;
 use spark_client::protocol::{
     ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams,
 };
@@ -36,6 +37,9 @@ pub struct RequestArgs {
     /// `json`: the answer is one JSON object, held to valid JSON token by token
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// Hold the JSON answer to this JSON Schema (a file; implies `--format json`)
+    #[arg(long, value_name = "FILE")]
+    pub schema: Option<std::path::PathBuf>,
 }
 
 /// What form the answer takes (`--format`).
@@ -55,6 +59,20 @@ impl From<Format> for OutputFormat {
 }
 
 impl RequestArgs {
+    /// The output format the flags ask for; reads and checks the `--schema` file.
+    pub fn output_format(&self) -> anyhow::Result<OutputFormat> {
+        let Some(path) = &self.schema else {
+            return Ok(self.format.into());
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the schema {}", path.display()))?;
+        // The daemon checks what the schema says; a file that is not JSON at all is
+        // worth saying here, with its line and column.
+        serde_json::from_str::<serde_json::Value>(&text)
+            .with_context(|| format!("the schema {} is not JSON", path.display()))?;
+        Ok(OutputFormat::JsonSchema { schema: text })
+    }
+
     pub fn sampling(&self) -> SamplingParams {
         let defaults = SamplingParams::default();
         SamplingParams {

@@ -34,6 +34,7 @@ pub struct Args {
 
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let prompt = read_prompt(args.prompt.as_deref())?;
+    let format = args.request.output_format()?;
     // From here on Ctrl-C is ours: it cancels instead of killing the process.
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
@@ -52,9 +53,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let request = args
         .request
         .request(client.next_request_id(), global.requested_model(), input);
-    let generation = client
-        .generate_as(request, args.request.format.into())
-        .await?;
+    let generation = client.generate_as(request, format.clone()).await?;
     let mode = if args.json { Mode::Json } else { Mode::Text };
     let outcome = stream::stream(generation, mode, &mut interrupts).await?;
 

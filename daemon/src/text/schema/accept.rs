@@ -109,16 +109,21 @@ impl SchemaState {
         self.json.is_done()
     }
 
-    /// Inside a string, between characters, where any plain string text is allowed
-    /// (see [`JsonAcceptor::in_plain_string`]): a string without a length limit or
-    /// enum, or a key of an object that takes keys outside its list.
-    pub fn in_plain_string(&self) -> bool {
-        self.json.in_plain_string()
-            && match self.pending {
-                Pending::Str { max, .. } => max == u32::MAX,
-                Pending::Key { free, .. } => free,
-                _ => false,
-            }
+    /// Inside a string, between characters, where plain string text (see
+    /// [`JsonAcceptor::in_plain_string`]) is allowed up to a number of characters:
+    /// `u32::MAX` for a string without a length limit or a key of an object that takes
+    /// keys outside its list; `None` where it is not (enum values, listed keys,
+    /// escapes, outside strings).
+    pub fn plain_string_room(&self) -> Option<u32> {
+        if !self.json.in_plain_string() {
+            return None;
+        }
+        match self.pending {
+            Pending::Str { max: u32::MAX, .. } => Some(u32::MAX),
+            Pending::Str { chars, max, .. } => Some(max - chars),
+            Pending::Key { free: true, .. } => Some(u32::MAX),
+            _ => None,
+        }
     }
 
     /// Feeds every byte of `bytes`; false (and a state not to be used) when one of
