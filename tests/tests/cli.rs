@@ -446,7 +446,10 @@ fn bench_refuses_a_missing_peer_clearly() {
 
 /// `spark run --json --format json ...`: the answer's text and its finish reason.
 fn run_json_output(socket: &std::path::Path, args: &[&str]) -> (String, String) {
-    let mut all = vec!["run", "--json", "--format", "json"];
+    let mut all = vec!["run", "--json"];
+    if !args.contains(&"--schema") {
+        all.extend(["--format", "json"]);
+    }
     all.extend_from_slice(args);
     let out = spark(socket, &all);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -519,4 +522,139 @@ fn format_json_on_the_default_model_answers_a_whole_object() {
     let value: serde_json::Value =
         serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
     assert!(value.is_object(), "{answer:?}");
+}
+
+/// A schema like what pydantic writes: `$defs`/`$ref`, bounds, an enum, an optional
+/// field as `anyOf` with null.
+const CAT_SCHEMA: &str = r##"{
+  "$defs": {"Owner": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30}},
+                      "required": ["name"], "additionalProperties": false}},
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 30},
+    "age": {"type": "integer", "minimum": 0, "maximum": 40},
+    "color": {"enum": ["black", "white", "orange", "grey", "tabby"]},
+    "toys": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    "nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    "owner": {"$ref": "#/$defs/Owner"}
+  },
+  "required": ["name", "age", "color", "toys", "nickname", "owner"],
+  "additionalProperties": false
+}"##;
+
+fn check_against_cat_schema(answer: &str) {
+    let schema: serde_json::Value = serde_json::from_str(CAT_SCHEMA).unwrap();
+    let value: serde_json::Value =
+        serde_json::from_str(answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{answer:?}: {errors:?}");
+}
+
+/// Small enough that a random model, which spends most of its tokens on whitespace
+/// between JSON's tokens, still closes the object within its budget.
+const FLAG_SCHEMA: &str = r#"{"type": "object",
+  "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 1, "maximum": 3}},
+  "required": ["ok", "n"], "additionalProperties": false}"#;
+
+#[test]
+fn schema_holds_the_answer_to_a_json_schema() {
+    let dir = TempDir::new("cli-schema");
+    let schema = dir.path().join("flag.json");
+    std::fs::write(&schema, FLAG_SCHEMA).unwrap();
+    let schema = schema.to_str().unwrap();
+    let d = Daemon::start(&tiny_model(), &[]);
+    // Random weights, sampled: every answer that stopped by itself is valid under the
+    // schema.
+    let mut closed = 0;
+    for seed in ["1", "2", "3", "4"] {
+        let (answer, finish) = run_json_output(
+            &d.socket,
+            &[
+                "--schema",
+                schema,
+                "--raw",
+                "--max-tokens",
+                "400",
+                "--temperature",
+                "1",
+                "--seed",
+                seed,
+                "cat:",
+            ],
+        );
+        assert!(answer.starts_with('{'), "{answer:?}");
+        if finish == "stop" {
+            closed += 1;
+            let value: serde_json::Value =
+                serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
+            let validator =
+                jsonschema::validator_for(&serde_json::from_str(FLAG_SCHEMA).unwrap()).unwrap();
+            assert!(validator.is_valid(&value), "{answer:?}");
+        } else {
+            assert_eq!(finish, "length");
+        }
+    }
+    assert!(
+        closed >= 2,
+        "{closed} of 4 objects closed: the test shows little"
+    );
+
+    // What the daemon cannot enforce is refused, saying what and where.
+    let pattern = dir.path().join("pattern.json");
+    std::fs::write(
+        &pattern,
+        r#"{"type":"object","properties":{"zip":{"type":"string","pattern":"^[0-9]+$"}}}"#,
+    )
+    .unwrap();
+    let out = spark(
+        &d.socket,
+        &["run", "--schema", pattern.to_str().unwrap(), "hi"],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("`pattern`") && err.contains("#/properties/zip"),
+        "{err}"
+    );
+    // A file that is not JSON never reaches the daemon.
+    let broken = dir.path().join("broken.json");
+    std::fs::write(&broken, "{\"type\":").unwrap();
+    let out = spark(
+        &d.socket,
+        &["run", "--schema", broken.to_str().unwrap(), "hi"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not JSON"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn schema_on_the_default_model_answers_a_valid_object() {
+    let Some(model) = default_model() else {
+        eprintln!("skipping: the default model is not on this machine");
+        return;
+    };
+    let dir = TempDir::new("cli-schema-default");
+    let schema = dir.path().join("cat.json");
+    std::fs::write(&schema, CAT_SCHEMA).unwrap();
+    let d = Daemon::start(&model, &[]);
+    let (answer, finish) = run_json_output(
+        &d.socket,
+        &[
+            "--schema",
+            schema.to_str().unwrap(),
+            "--max-tokens",
+            "200",
+            "Describe a cat and its owner as JSON.",
+        ],
+    );
+    assert_eq!(finish, "stop", "{answer:?}");
+    check_against_cat_schema(&answer);
 }
