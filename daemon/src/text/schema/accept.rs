@@ -1,8 +1,8 @@
 //! Following a JSON text through a compiled [`Schema`], one byte at a time.
 
-use super::compile::{Node, NodeId, Schema, ANY};
+use super::compile::{nesting, Node, NodeId, ObjectNode, Schema, ANY};
 use super::number::NumberProgress;
-use crate::text::json::{Event, JsonAcceptor, Step};
+use crate::text::json::{Event, JsonAcceptor, Step, MAX_DEPTH};
 
 /// No enclosing frame (the innermost container is the top-level object).
 const NO_PARENT: u32 = u32::MAX;
@@ -181,12 +181,19 @@ impl SchemaState {
             Event::KeyOpen => {
                 self.pending = match schema.node(self.top.node) {
                     Node::Object(o) => {
-                        let all = low_bits(o.names.len());
-                        let free = o.additional.is_some();
+                        let (fitting, free) = keys_that_fit(schema, o, self.json.depth());
+                        // A free key that spells a listed name is that name, so names
+                        // already written stay candidates (to refuse them).
+                        let candidates = if free {
+                            low_bits(o.names.len())
+                        } else {
+                            fitting & !self.top.seen
+                        };
+                        if candidates == 0 && !free {
+                            return false; // no key left to write: `{}` only
+                        }
                         Pending::Key {
-                            // A free key that spells a listed name is that name, so
-                            // names already written stay candidates (to refuse them).
-                            candidates: if free { all } else { all & !self.top.seen },
+                            candidates,
                             matched: 0,
                             free,
                         }
@@ -234,7 +241,7 @@ impl SchemaState {
         let Pending::Key {
             candidates,
             matched,
-            ..
+            free,
         } = self.pending
         else {
             return true;
@@ -251,19 +258,20 @@ impl SchemaState {
                 .fold(0u64, |m, i| m | 1 << i);
         if whole != 0 {
             let i = whole.trailing_zeros();
-            if self.top.seen >> i & 1 == 1 {
-                return false; // written already
+            let value = o.values[i as usize];
+            if self.top.seen >> i & 1 == 1 || !schema.fits(value, self.json.depth()) {
+                return false; // written already, or a value too deep for what is left
             }
             self.top.seen |= 1 << i;
-            self.due = o.values[i as usize];
+            self.due = value;
             return true;
         }
-        match o.additional {
-            Some(node) => {
+        match (free, o.additional) {
+            (true, Some(node)) => {
                 self.due = node;
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
@@ -271,11 +279,12 @@ impl SchemaState {
         match schema.node(self.top.node) {
             // Another key must be possible.
             Node::Object(o) => {
-                o.additional.is_some() || low_bits(o.names.len()) & !self.top.seen != 0
+                let (fitting, free) = keys_that_fit(schema, o, self.json.depth());
+                free || fitting & !self.top.seen != 0
             }
             Node::Array { items, max, .. } => {
                 self.due = *items;
-                self.top.count < *max
+                self.top.count < *max && schema.fits(*items, self.json.depth())
             }
             _ => {
                 self.due = ANY;
@@ -297,6 +306,12 @@ impl SchemaState {
         let Some(node) = schema.select(self.due, b) else {
             return false;
         };
+        // A container whose shallowest value would nest too deep cannot be finished.
+        let container = b == b'{' || b == b'[';
+        if container && !matches!(schema.node(node), Node::Literals(_)) && !schema.fits(node, depth)
+        {
+            return false;
+        }
         match schema.node(node) {
             Node::Literals(_) => {
                 self.pending = Pending::Literal {
@@ -365,7 +380,17 @@ impl SchemaState {
             return false;
         };
         let candidates = if matched == 0 {
-            names_with_byte(texts, low_bits(texts.len()), 0, b)
+            let mut first = names_with_byte(texts, low_bits(texts.len()), 0, b);
+            if b == b'{' || b == b'[' {
+                // Only the values that nest no deeper than there is room for.
+                let room = MAX_DEPTH - depth;
+                for (i, text) in texts.iter().enumerate() {
+                    if nesting(text) > room {
+                        first &= !(1 << i);
+                    }
+                }
+            }
+            first
         } else {
             names_with_byte(texts, candidates, matched as usize, b)
         };
@@ -426,6 +451,18 @@ impl SchemaState {
         }
         complete
     }
+}
+
+/// In an object whose containers are `depth` deep: the listed names whose values can
+/// still be written whole, and whether keys outside the list can.
+fn keys_that_fit(schema: &Schema, o: &ObjectNode, depth: u8) -> (u64, bool) {
+    let mut fitting = 0;
+    for (i, &value) in o.values.iter().enumerate() {
+        if schema.fits(value, depth) {
+            fitting |= 1 << i;
+        }
+    }
+    (fitting, o.additional.is_some_and(|n| schema.fits(n, depth)))
 }
 
 /// The low `n` bits set.

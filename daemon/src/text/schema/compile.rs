@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use super::number::Bounds;
+use crate::text::json::MAX_DEPTH;
 
 /// Index of a node in [`Schema::nodes`].
 pub type NodeId = u32;
@@ -88,6 +89,9 @@ pub struct Schema {
     nodes: Vec<Node>,
     /// Each node's possible first bytes, as four 64-bit words.
     first: Vec<[u64; 4]>,
+    /// Each node's shallowest value: how many levels of containers it opens (0 for
+    /// scalars), where nesting stops at `json::MAX_DEPTH`.
+    min_depth: Vec<u8>,
     root: NodeId,
 }
 
@@ -186,8 +190,15 @@ impl Schema {
             by_pointer: HashMap::new(),
         };
         let root = compiler.reference("")?;
-        let mut schema = compiler.finish()?;
+        let (mut schema, finite) = compiler.finish()?;
         schema.root = schema.resolve(root);
+        if !finite[schema.root as usize] {
+            return error(
+                "",
+                "no finite value matches the schema (a required property that always \
+                 needs another of its own kind, say)",
+            );
+        }
         if !schema.may_start(schema.root, b'{') {
             return error(
                 "",
@@ -204,6 +215,17 @@ impl Schema {
 
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id as usize]
+    }
+
+    /// How many levels of containers the shallowest value of node `id` opens.
+    pub fn min_depth(&self, id: NodeId) -> u8 {
+        self.min_depth[id as usize]
+    }
+
+    /// Whether a value of node `id` inside containers `depth` deep can still be
+    /// written whole, nesting stopping at [`MAX_DEPTH`] levels.
+    pub fn fits(&self, id: NodeId, depth: u8) -> bool {
+        u16::from(depth) + u16::from(self.min_depth(id)) <= u16::from(MAX_DEPTH)
     }
 
     /// Whether a value of node `id` may begin with `b`.
@@ -532,14 +554,17 @@ impl Compiler<'_> {
         Ok(object)
     }
 
-    /// Resolves every edge past `$ref` nodes, then works out first bytes and checks
-    /// that each choice's alternatives begin differently.
-    fn finish(self) -> Result<Schema, SchemaError> {
+    /// Resolves every edge past `$ref` nodes, leaves out what leads to no finite value,
+    /// then works out first bytes and checks that each choice's alternatives begin
+    /// differently.
+    /// Also says which nodes some finite value matches.
+    fn finish(self) -> Result<(Schema, Vec<bool>), SchemaError> {
         let pointers: HashMap<NodeId, &String> =
             self.by_pointer.iter().map(|(p, &id)| (id, p)).collect();
         let mut schema = Schema {
             nodes: self.nodes,
             first: Vec::new(),
+            min_depth: Vec::new(),
             root: ANY,
         };
         // A cycle of `$ref`s with no value in between describes nothing.
@@ -587,6 +612,11 @@ impl Compiler<'_> {
                                 _ => flat.push(alt),
                             }
                         }
+                        // Any value at all among the alternatives: the choice is that
+                        // (pydantic writes `Optional[Any]` as `{}` or null).
+                        if flat.iter().any(|&a| schema.node(a) == &Node::Any) {
+                            flat = vec![ANY];
+                        }
                         *alts = flat;
                     }
                     _ => {}
@@ -595,6 +625,9 @@ impl Compiler<'_> {
             })
             .collect();
         schema.nodes = resolved;
+        let finite = finite_nodes(&schema);
+        prune_to_finite(&mut schema, &finite);
+        schema.min_depth = min_depths(&schema);
         schema.first = (0..schema.nodes.len())
             .map(|id| first_bytes(&schema, id as NodeId))
             .collect();
@@ -623,8 +656,134 @@ impl Compiler<'_> {
                 }
             }
         }
-        Ok(schema)
+        Ok((schema, finite))
     }
+}
+
+/// Which nodes some finite value matches: the least fixpoint where a node is finite when
+/// its required properties, a non-empty array's items, or one of its alternatives are.
+/// A node that is not would lead the text into a dead end (a recursive schema that
+/// requires itself, nesting without end).
+fn finite_nodes(schema: &Schema) -> Vec<bool> {
+    let mut finite = vec![false; schema.nodes.len()];
+    loop {
+        let mut changed = false;
+        for (id, node) in schema.nodes.iter().enumerate() {
+            if finite[id] {
+                continue;
+            }
+            let is = |n: &NodeId| finite[*n as usize];
+            finite[id] = match node {
+                Node::Ref(target) => is(target),
+                Node::Object(o) => o
+                    .values
+                    .iter()
+                    .enumerate()
+                    .all(|(i, v)| o.required >> i & 1 == 0 || is(v)),
+                Node::Array { items, min, .. } => *min == 0 || is(items),
+                Node::Choice(alts) => alts.iter().any(is),
+                _ => true,
+            };
+            changed |= finite[id];
+        }
+        if !changed {
+            return finite;
+        }
+    }
+}
+
+/// Leaves out of every node what only leads to values that are not finite: optional
+/// properties, other keys, array items (the array stays empty) and alternatives. What
+/// is left never reaches a dead end, whatever the text takes.
+fn prune_to_finite(schema: &mut Schema, finite: &[bool]) {
+    let is = |n: NodeId| finite[n as usize];
+    for node in &mut schema.nodes {
+        match node {
+            Node::Object(o) => {
+                let mut kept = ObjectNode {
+                    names: Vec::new(),
+                    values: Vec::new(),
+                    required: 0,
+                    additional: o.additional.filter(|&n| is(n)),
+                };
+                for (i, (name, &value)) in o.names.iter().zip(&o.values).enumerate() {
+                    let required = o.required >> i & 1 == 1;
+                    if required || is(value) {
+                        if required {
+                            kept.required |= 1 << kept.names.len();
+                        }
+                        kept.names.push(name.clone());
+                        kept.values.push(value);
+                    }
+                }
+                *o = kept;
+            }
+            Node::Array { items, max, .. } if !is(*items) => *max = 0,
+            Node::Choice(alts) => alts.retain(|&a| is(a)),
+            _ => {}
+        }
+    }
+}
+
+/// Each node's [`Schema::min_depth`] (after pruning, every node reached is finite): a
+/// fixpoint from above, like `finite_nodes`.
+fn min_depths(schema: &Schema) -> Vec<u8> {
+    let mut depth = vec![u8::MAX; schema.nodes.len()];
+    loop {
+        let mut changed = false;
+        for (id, node) in schema.nodes.iter().enumerate() {
+            let of = |n: &NodeId| depth[*n as usize];
+            let d = match node {
+                Node::Ref(target) => of(target),
+                Node::Object(o) => o
+                    .values
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| o.required >> i & 1 == 1)
+                    .map(|(_, v)| of(v))
+                    .max()
+                    .unwrap_or(0)
+                    .saturating_add(1),
+                Node::Array { items, min, .. } => {
+                    if *min > 0 {
+                        of(items).saturating_add(1)
+                    } else {
+                        1
+                    }
+                }
+                Node::Choice(alts) => alts.iter().map(of).min().unwrap_or(u8::MAX),
+                Node::Literals(texts) => texts.iter().map(|t| nesting(t)).min().unwrap_or(0),
+                _ => 0,
+            };
+            if d < depth[id] {
+                depth[id] = d;
+                changed = true;
+            }
+        }
+        if !changed {
+            return depth;
+        }
+    }
+}
+
+/// How deep a JSON text's containers nest (it came from serde_json: strings hold no
+/// raw quote but an escaped one).
+pub fn nesting(text: &[u8]) -> u8 {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0u8, 0u8, false, false);
+    for &b in text {
+        match (in_string, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') | (false, _, b'"') => in_string = !in_string,
+            (false, _, b'{' | b'[') => {
+                depth = depth.saturating_add(1);
+                deepest = deepest.max(depth);
+            }
+            (false, _, b'}' | b']') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// The bytes a value of node `id` may begin with (choices were flattened).
