@@ -433,7 +433,15 @@ fn blocking_client_streams_and_queries() {
 async fn the_output_format_reaches_the_engine_with_its_request() {
     let server = TestServer::start(FakeEngine::new(Duration::from_millis(1))).await;
     let client = server.client().await;
-    for (id, format) in [(1, OutputFormat::JsonObject), (2, OutputFormat::Text)] {
+    let schema = OutputFormat::JsonSchema {
+        schema: r#"{"type":"object"}"#.into(),
+    };
+    let formats = [
+        (1, OutputFormat::JsonObject),
+        (2, OutputFormat::Text),
+        (3, schema),
+    ];
+    for (id, format) in formats.clone() {
         let (_, done) = client
             .generate_as(request(id, "hi", 2), format)
             .await
@@ -443,8 +451,5 @@ async fn the_output_format_reaches_the_engine_with_its_request() {
             .unwrap();
         assert_eq!(done.id, id);
     }
-    assert_eq!(
-        server.engine.formats(),
-        [(1, OutputFormat::JsonObject), (2, OutputFormat::Text)]
-    );
+    assert_eq!(server.engine.formats(), formats);
 }
