@@ -217,6 +217,33 @@ try {
     await page.getByLabel('Answer in JSON').uncheck();
   });
 
+  await check('a JSON Schema in the settings goes as response_format json_schema', async () => {
+    await page.getByRole('button', { name: 'New chat' }).click();
+    await page.getByLabel('Max tokens').fill('48');
+    // Not JSON: nothing is sent, and the field says why.
+    const before = chatBodies.length;
+    await page.getByLabel('JSON Schema').fill('{"type": ');
+    await page.getByLabel('Message').fill('Is a cat a pet?');
+    await page.getByRole('button', { name: 'Send' }).click();
+    const invalid = await page.getByLabel('JSON Schema').evaluate((el) => el.validationMessage);
+    assert(invalid.includes('not JSON'), `validation message: "${invalid}"`);
+    assert(chatBodies.length === before, 'a request went out with a broken schema');
+    const schema = { type: 'object', properties: { pet: { type: 'boolean' } }, required: ['pet'], additionalProperties: false };
+    await page.getByLabel('JSON Schema').fill(JSON.stringify(schema));
+    await page.getByRole('button', { name: 'Send' }).click();
+    await answers.nth(0).locator('.stats').waitFor();
+    const sent = chatBodies[chatBodies.length - 1];
+    assert(sent.response_format?.type === 'json_schema', `request: ${JSON.stringify(sent)}`);
+    assert(JSON.stringify(sent.response_format.json_schema.schema) === JSON.stringify(schema), 'schema sent as given');
+    const text = (await answerText(0)).trim();
+    assert(text.startsWith('{'), `answer "${text}" is not a JSON object`);
+    if (text.endsWith('}')) {
+      const value = JSON.parse(text);
+      assert(typeof value.pet === 'boolean' && Object.keys(value).length === 1, `answer "${text}" breaks the schema`);
+    }
+    await page.getByLabel('JSON Schema').fill('');
+  });
+
   await check('stop cancels a long answer, and the job shows as cancelled', async () => {
     await page.getByRole('button', { name: 'New chat' }).click();
     assert((await page.locator('.msg').count()) === 0, 'New chat left messages');

@@ -108,6 +108,16 @@ export function setupChat({ modelName, onAuthNeeded, onFinished }) {
   function sampling() {
     const temperature = $('temperature');
     const maxTokens = $('max-tokens');
+    const schemaField = $('json-schema');
+    let schema = null;
+    schemaField.setCustomValidity('');
+    if (schemaField.value.trim() !== '') {
+      try {
+        schema = JSON.parse(schemaField.value);
+      } catch (err) {
+        schemaField.setCustomValidity(`The schema is not JSON: ${err.message}`);
+      }
+    }
     if (!settings.checkValidity()) {
       settings.closest('details').open = true;
       settings.reportValidity();
@@ -116,7 +126,11 @@ export function setupChat({ modelName, onAuthNeeded, onFinished }) {
     const request = {};
     if (temperature.value !== '') request.temperature = Number(temperature.value);
     if (maxTokens.value !== '') request.max_tokens = Number(maxTokens.value);
-    if ($('json-output').checked) request.response_format = { type: 'json_object' };
+    if (schema !== null) {
+      request.response_format = { type: 'json_schema', json_schema: { name: 'answer', schema } };
+    } else if ($('json-output').checked) {
+      request.response_format = { type: 'json_object' };
+    }
     return request;
   }
 
