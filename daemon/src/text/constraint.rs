@@ -359,22 +359,26 @@ mod tests {
             r#"{"name": "sparkd", "tags": ["fast", 12.5e-3, true, null], "é": {"x": -0}}"#,
             "{\n  \"a\": [1.5E+3, {}, [], \"\\ud83d\\ude00 😀 été\\n\"],\"b\":false}",
         ] {
-            let mut c = JsonConstraint::new();
-            // At every byte boundary: inside strings, escapes, multi-byte characters,
-            // numbers and literals, and between tokens.
-            for (i, &b) in text.as_bytes().iter().enumerate() {
-                let walk = allowed_by_walk(&mut c, &tok);
-                assert_eq!(
-                    walk,
-                    allowed_by_brute_force(&mut c, &tok),
-                    "after {:?}",
-                    &text.as_bytes()[..i]
-                );
-                assert!(!walk.is_empty());
-                assert!(c.accept_bytes(&[b]));
-            }
-            assert!(c.is_done());
+            walk_matches_brute_force_along(JsonConstraint::new(), &tok, text);
         }
+    }
+
+    /// At every byte boundary of `text` (inside strings, escapes, multi-byte
+    /// characters, numbers and literals, and between tokens), the mask's walk allows
+    /// exactly the tokens that trying each alone does, and at least one.
+    fn walk_matches_brute_force_along(mut c: JsonConstraint, tok: &Tokenizer, text: &str) {
+        for (i, &b) in text.as_bytes().iter().enumerate() {
+            let walk = allowed_by_walk(&mut c, tok);
+            assert_eq!(
+                walk,
+                allowed_by_brute_force(&mut c, tok),
+                "after {:?}",
+                String::from_utf8_lossy(&text.as_bytes()[..i])
+            );
+            assert!(!walk.is_empty());
+            assert!(c.accept_bytes(&[b]), "{:?}", &text.as_bytes()[..=i]);
+        }
+        assert!(c.is_done());
     }
 
     /// The same under a schema: keys matched against names, enums, bounded numbers,
@@ -405,19 +409,7 @@ mod tests {
             r#"{
   "free": "\ud83d\ude00 😀 été\n","i":12,"x":null,"name":"é"}"#,
         ] {
-            let mut c = JsonConstraint::with_schema(schema.clone());
-            for (i, &b) in text.as_bytes().iter().enumerate() {
-                let walk = allowed_by_walk(&mut c, &tok);
-                assert_eq!(
-                    walk,
-                    allowed_by_brute_force(&mut c, &tok),
-                    "after {:?}",
-                    String::from_utf8_lossy(&text.as_bytes()[..i])
-                );
-                assert!(!walk.is_empty());
-                assert!(c.accept_bytes(&[b]), "{:?}", &text.as_bytes()[..=i]);
-            }
-            assert!(c.is_done());
+            walk_matches_brute_force_along(JsonConstraint::with_schema(schema.clone()), &tok, text);
         }
     }
 

@@ -590,14 +590,7 @@ mod arbitrary {
                     prop_oneof![Just(json!(false)), Just(json!(true)), inner.clone()],
                 )
                     .prop_map(|(props, required_bits, additional)| {
-                        let required: Vec<&String> = props
-                            .keys()
-                            .enumerate()
-                            .filter(|(i, _)| required_bits >> i & 1 == 1)
-                            .map(|(_, k)| k)
-                            .collect();
-                        json!({"type": "object", "properties": props, "required": required,
-                               "additionalProperties": additional})
+                        object(props, required_bits, additional)
                     }),
                 (inner.clone(), 0u32..2, 0u32..3).prop_map(|(items, min, extra)| {
                     json!({"type": "array", "items": items, "minItems": min, "maxItems": min + extra})
@@ -613,16 +606,24 @@ mod arbitrary {
             proptest::collection::btree_map("[a-c]{1,2}", schema_value(), 1..4),
             any::<u8>(),
         )
-            .prop_map(|(props, required_bits)| {
-                let required: Vec<&String> = props
-                    .keys()
-                    .enumerate()
-                    .filter(|(i, _)| required_bits >> i & 1 == 1)
-                    .map(|(_, k)| k)
-                    .collect();
-                json!({"type": "object", "properties": props, "required": required,
-                       "additionalProperties": false})
-            })
+            .prop_map(|(props, required_bits)| object(props, required_bits, json!(false)))
+    }
+
+    /// An object schema of `properties`, requiring those whose bit in `required_bits`
+    /// is set.
+    fn object(
+        properties: std::collections::BTreeMap<String, Value>,
+        required_bits: u8,
+        additional: Value,
+    ) -> Value {
+        let required: Vec<&String> = properties
+            .keys()
+            .enumerate()
+            .filter(|(i, _)| required_bits >> i & 1 == 1)
+            .map(|(_, k)| k)
+            .collect();
+        json!({"type": "object", "properties": properties, "required": required,
+               "additionalProperties": additional})
     }
 
     proptest! {
