@@ -198,6 +198,12 @@ impl SchemaState {
                             free,
                         }
                     }
+                    // A tagged union's first key is its tag.
+                    Node::Tagged(_) => Pending::Key {
+                        candidates: 1,
+                        matched: 0,
+                        free: false,
+                    },
                     _ => Pending::Key {
                         candidates: 0,
                         matched: 0,
@@ -222,10 +228,12 @@ impl SchemaState {
         else {
             return true;
         };
-        let Node::Object(o) = schema.node(self.top.node) else {
-            return true; // any key goes
+        let names = match schema.node(self.top.node) {
+            Node::Object(o) => &o.names[..],
+            Node::Tagged(t) => std::slice::from_ref(&t.name),
+            _ => return true, // any key goes
         };
-        *candidates &= names_with_byte(&o.names, *candidates, *matched as usize, b);
+        *candidates &= names_with_byte(names, *candidates, *matched as usize, b);
         *matched = matched.saturating_add(1);
         if *candidates != 0 {
             return true;
@@ -234,7 +242,7 @@ impl SchemaState {
         // the object lists names, such a key may not escape a character: `\u006e`
         // could spell a listed name in a way the match above cannot see (and write it
         // twice). An escape that follows a name's own spelling is fine.
-        *free && (o.names.is_empty() || !(b == b'\\' || in_escape))
+        *free && (names.is_empty() || !(b == b'\\' || in_escape))
     }
 
     fn end_key(&mut self, schema: &Schema) -> bool {
@@ -247,9 +255,16 @@ impl SchemaState {
             return true;
         };
         self.pending = Pending::Nothing;
-        let Node::Object(o) = schema.node(self.top.node) else {
-            self.due = ANY;
-            return true;
+        let o = match schema.node(self.top.node) {
+            Node::Object(o) => o,
+            Node::Tagged(t) => {
+                self.due = t.tags;
+                return candidates & 1 == 1 && t.name.len() == matched as usize;
+            }
+            _ => {
+                self.due = ANY;
+                return true;
+            }
         };
         let whole = candidates
             & low_bits(o.names.len())
@@ -286,6 +301,8 @@ impl SchemaState {
                 self.due = *items;
                 self.top.count < *max && schema.fits(*items, self.json.depth())
             }
+            // Only the tag's value comes before the union becomes one object.
+            Node::Tagged(_) => false,
             _ => {
                 self.due = ANY;
                 true
@@ -344,7 +361,7 @@ impl SchemaState {
                 };
                 true
             }
-            Node::Object(_) | Node::Array { .. } | Node::Any if b == b'{' || b == b'[' => {
+            Node::Object(_) | Node::Tagged(_) | Node::Array { .. } | Node::Any if container => {
                 if depth > 0 {
                     frames.entries.push((self.top, self.parent));
                     self.parent = frames.entries.len() as u32 - 1;
@@ -401,7 +418,7 @@ impl SchemaState {
         // The value has ended (a number ends only with the byte after it).
         if self.json.depth() == depth && self.json.after_value() {
             self.pending = Pending::Nothing;
-            return whole(texts, candidates, matched);
+            return self.literal_done(schema, node, candidates, matched);
         }
         self.pending = Pending::Literal {
             node,
@@ -431,19 +448,51 @@ impl SchemaState {
                 depth: start,
             } if start == depth => {
                 self.pending = Pending::Nothing;
-                match schema.node(node) {
-                    Node::Literals(texts) => whole(texts, candidates, matched),
-                    _ => false,
-                }
+                self.literal_done(schema, node, candidates, matched)
             }
             _ => true,
         }
+    }
+
+    /// An `enum`/`const` value has ended: whether it is one of them whole. Where it is
+    /// a tagged union's tag, the object it picks is what the rest is read against.
+    fn literal_done(
+        &mut self,
+        schema: &Schema,
+        node: NodeId,
+        candidates: u64,
+        matched: u32,
+    ) -> bool {
+        let Node::Literals(texts) = schema.node(node) else {
+            return false;
+        };
+        let Some(i) = whole(texts, candidates, matched) else {
+            return false;
+        };
+        if let Node::Tagged(t) = schema.node(self.top.node) {
+            if t.tags == node {
+                let object = t.owners[i];
+                let Node::Object(o) = schema.node(object) else {
+                    return false;
+                };
+                let Some(tag) = o.names.iter().position(|n| *n == t.name) else {
+                    return false;
+                };
+                self.top = Frame {
+                    node: object,
+                    seen: 1 << tag,
+                    count: 0,
+                };
+            }
+        }
+        true
     }
 
     fn close(&mut self, schema: &Schema, frames: &FrameStack) -> bool {
         let complete = match schema.node(self.top.node) {
             Node::Object(o) => o.required & !self.top.seen == 0,
             Node::Array { min, .. } => self.top.count >= *min,
+            Node::Tagged(_) => false,
             _ => true,
         };
         if self.parent != NO_PARENT {
@@ -488,15 +537,15 @@ fn names_with_byte(texts: &[Box<[u8]>], candidates: u64, at: usize, b: u8) -> u6
     out
 }
 
-/// Whether one of `candidates` is exactly `matched` bytes long.
-fn whole(texts: &[Box<[u8]>], candidates: u64, matched: u32) -> bool {
+/// The one of `candidates` that is exactly `matched` bytes long.
+fn whole(texts: &[Box<[u8]>], candidates: u64, matched: u32) -> Option<usize> {
     let mut left = candidates;
     while left != 0 {
         let i = left.trailing_zeros() as usize;
         left &= left - 1;
         if texts[i].len() == matched as usize {
-            return true;
+            return Some(i);
         }
     }
-    false
+    None
 }

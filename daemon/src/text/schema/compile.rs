@@ -65,8 +65,22 @@ pub enum Node {
     /// `anyOf`, `oneOf` or a list of types: alternatives that no first byte of a value
     /// has in common, so the first byte picks one.
     Choice(Vec<NodeId>),
+    /// Objects told apart by a tag: a property every one of them requires, with
+    /// `enum`/`const` values that no two share. The tag is written first; its value
+    /// picks the object the rest is read against.
+    Tagged(TaggedUnion),
     /// A `$ref` (only while compiling: resolved into the edges that point here).
     Ref(NodeId),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaggedUnion {
+    /// The tag's name, as written inside a key's quotes.
+    pub name: Box<[u8]>,
+    /// A `Literals` node of every object's tag values.
+    pub tags: NodeId,
+    /// For each of `tags`' texts, the object it picks.
+    pub owners: Vec<NodeId>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -124,6 +138,9 @@ const ANNOTATIONS: &[&str] = &[
     "contentMediaType",
     // OpenAI's structured outputs flag, not a schema keyword.
     "strict",
+    // OpenAPI's note on which property tells `oneOf` objects apart: sparkd finds it
+    // itself (see `Node::Tagged`).
+    "discriminator",
 ];
 
 /// Keywords sparkd does not enforce: a schema using them is refused rather than
@@ -166,7 +183,8 @@ impl Schema {
     /// `additionalProperties` (`false`, `true` or a schema), `items` (one schema),
     /// `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`, `maximum`,
     /// `exclusiveMinimum`, `exclusiveMaximum`, `enum`, `const`, `anyOf` and `oneOf`
-    /// whose alternatives begin differently (a string or null, say), `allOf` of one
+    /// whose alternatives begin differently (a string or null, say) or are objects told
+    /// apart by a tag (see [`Node::Tagged`]), `allOf` of one
     /// schema, and `$ref` to a place in the same document (`#/$defs/…`, `#`, any JSON
     /// pointer), recursive ones too. Annotations (`title`, `description`, `default`,
     /// `format`…) are ignored, as validators do by default; unknown keywords too.
@@ -625,6 +643,7 @@ impl Compiler<'_> {
             })
             .collect();
         schema.nodes = resolved;
+        tag_object_unions(&mut schema);
         let finite = finite_nodes(&schema);
         prune_to_finite(&mut schema, &finite);
         schema.min_depth = min_depths(&schema);
@@ -646,7 +665,9 @@ impl Compiler<'_> {
                         format!(
                             "alternatives that can both begin with `{}`: sparkd needs \
                              `anyOf`/`oneOf`/`type` alternatives to begin differently \
-                             (an object or null, a string or a number, …)",
+                             (an object or null, a string or a number, …), and objects \
+                             to share a required tag property whose `const`/`enum` \
+                             values differ",
                             b as char
                         ),
                     );
@@ -658,6 +679,80 @@ impl Compiler<'_> {
         }
         Ok((schema, finite))
     }
+}
+
+/// Where a choice has two or more objects among its alternatives, and they share a tag
+/// (see [`Node::Tagged`]), puts one tagged union in their place. pydantic writes a
+/// union of models with a `Literal` field so, and OpenAI's tool-like schemas too.
+fn tag_object_unions(schema: &mut Schema) {
+    for id in 0..schema.nodes.len() {
+        let Node::Choice(alts) = &schema.nodes[id] else {
+            continue;
+        };
+        let objects: Vec<NodeId> = alts
+            .iter()
+            .copied()
+            .filter(|&a| matches!(schema.node(a), Node::Object(_)))
+            .collect();
+        if objects.len() < 2 {
+            continue;
+        }
+        let Some((name, (texts, owners))) = find_tag(schema, &objects) else {
+            continue;
+        };
+        let tags = schema.nodes.len() as NodeId;
+        schema.nodes.push(Node::Literals(texts));
+        let tagged = schema.nodes.len() as NodeId;
+        schema
+            .nodes
+            .push(Node::Tagged(TaggedUnion { name, tags, owners }));
+        let Node::Choice(alts) = &mut schema.nodes[id] else {
+            unreachable!("a choice")
+        };
+        alts.retain(|a| !objects.contains(a));
+        alts.push(tagged);
+    }
+}
+
+/// A tag's values (JSON texts) and, for each, the object it picks.
+type TagValues = (Vec<Box<[u8]>>, Vec<NodeId>);
+
+/// The first property of the first object that tags them all: its name, its values,
+/// and the object each value picks.
+fn find_tag(schema: &Schema, objects: &[NodeId]) -> Option<(Box<[u8]>, TagValues)> {
+    let Node::Object(first) = schema.node(objects[0]) else {
+        return None;
+    };
+    first
+        .names
+        .iter()
+        .find_map(|name| tag_values(schema, objects, name).map(|values| (name.clone(), values)))
+}
+
+/// The values of property `name` in each object, with the object each picks: `None`
+/// unless every object requires it as an `enum`/`const` and no value is in two.
+fn tag_values(schema: &Schema, objects: &[NodeId], name: &[u8]) -> Option<TagValues> {
+    let (mut texts, mut owners) = (Vec::new(), Vec::new());
+    for &object in objects {
+        let Node::Object(o) = schema.node(object) else {
+            return None;
+        };
+        let i = o.names.iter().position(|n| **n == *name)?;
+        if o.required >> i & 1 == 0 {
+            return None;
+        }
+        let Node::Literals(values) = schema.node(o.values[i]) else {
+            return None;
+        };
+        for v in values {
+            if texts.contains(v) {
+                return None;
+            }
+            texts.push(v.clone());
+            owners.push(object);
+        }
+    }
+    (texts.len() <= MAX_NAMES).then_some((texts, owners))
 }
 
 /// Which nodes some finite value matches: the least fixpoint where a node is finite when
@@ -682,6 +777,8 @@ fn finite_nodes(schema: &Schema) -> Vec<bool> {
                     .all(|(i, v)| o.required >> i & 1 == 0 || is(v)),
                 Node::Array { items, min, .. } => *min == 0 || is(items),
                 Node::Choice(alts) => alts.iter().any(is),
+                // Every object must be finishable once its tag is written.
+                Node::Tagged(t) => t.owners.iter().all(is),
                 _ => true,
             };
             changed |= finite[id];
@@ -752,6 +849,8 @@ fn min_depths(schema: &Schema) -> Vec<u8> {
                     }
                 }
                 Node::Choice(alts) => alts.iter().map(of).min().unwrap_or(u8::MAX),
+                // The tag picks the object: room for the deepest.
+                Node::Tagged(t) => t.owners.iter().map(of).max().unwrap_or(u8::MAX),
                 Node::Literals(texts) => texts.iter().map(|t| nesting(t)).min().unwrap_or(0),
                 _ => 0,
             };
@@ -800,7 +899,7 @@ fn first_bytes(schema: &Schema, id: NodeId) -> [u64; 4] {
             add(b"{[\"tfn");
             add(NUMBER);
         }
-        Node::Object(_) => add(b"{"),
+        Node::Object(_) | Node::Tagged(_) => add(b"{"),
         Node::Array { .. } => add(b"["),
         Node::String { .. } => add(b"\""),
         Node::Number { .. } => add(NUMBER),

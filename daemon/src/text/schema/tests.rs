@@ -90,6 +90,48 @@ fn keys() -> Value {
     })
 }
 
+/// A union of objects told apart by `action`, as pydantic writes `Union[Search, Answer]`
+/// with `Literal` fields (and OpenAPI's `discriminator` beside `oneOf`).
+fn tagged() -> Value {
+    json!({
+        "$defs": {
+            "Search": {
+                "type": "object",
+                "properties": {
+                    "action": {"const": "search"},
+                    "query": {"type": "string", "maxLength": 20}
+                },
+                "required": ["action", "query"],
+                "additionalProperties": false
+            },
+            "Answer": {
+                "type": "object",
+                "properties": {
+                    "action": {"enum": ["answer", "reply"]},
+                    "text": {"type": "string"},
+                    "done": {"type": "boolean"}
+                },
+                "required": ["action", "text"],
+                "additionalProperties": false
+            }
+        },
+        "type": "object",
+        "properties": {
+            "step": {"anyOf": [{"$ref": "#/$defs/Search"}, {"$ref": "#/$defs/Answer"}, {"type": "null"}]},
+            "steps": {
+                "type": "array",
+                "items": {
+                    "oneOf": [{"$ref": "#/$defs/Search"}, {"$ref": "#/$defs/Answer"}],
+                    "discriminator": {"propertyName": "action"}
+                },
+                "maxItems": 3
+            }
+        },
+        "required": ["step"],
+        "additionalProperties": false
+    })
+}
+
 fn any_object() -> Value {
     json!({"type": "object"})
 }
@@ -106,6 +148,7 @@ fn all_schemas() -> Vec<(&'static str, Value)> {
             k["required"] = json!([]);
             k
         }),
+        ("tagged", tagged()),
         ("any object", any_object()),
     ]
 }
@@ -596,6 +639,11 @@ mod arbitrary {
                     json!({"type": "array", "items": items, "minItems": min, "maxItems": min + extra})
                 }),
                 inner.clone().prop_map(|s| json!({"anyOf": [s, {"type": "null"}]})),
+                (inner.clone(), inner.clone()).prop_map(|(x, y)| json!({"anyOf": [
+                    {"type": "object", "properties": {"t": {"const": "x"}, "v": x}, "required": ["t"]},
+                    {"type": "object", "properties": {"t": {"enum": ["y", "z"]}, "w": y},
+                     "required": ["t", "w"], "additionalProperties": false}
+                ]})),
                 inner.prop_map(|s| json!({"allOf": [s]})),
             ]
         })
@@ -645,4 +693,43 @@ mod arbitrary {
             }
         }
     }
+}
+
+#[test]
+fn objects_told_apart_by_a_tag_are_read_against_the_one_it_picks() {
+    let schema = compile(&tagged());
+    for text in [
+        r#"{"step":{"action":"search","query":"rust"}}"#,
+        r#"{"step":{"action":"reply","done":true,"text":"t"}}"#,
+        r#"{"step":null,"steps":[{"action":"answer","text":""},{"action":"search","query":""}]}"#,
+    ] {
+        assert!(accepts(&schema, text), "refused {text}");
+    }
+    for (text, why) in [
+        (
+            r#"{"step":{"action":"search","text":"x"}}"#,
+            "`text` is Answer's",
+        ),
+        (r#"{"step":{"action":"search"}}"#, "Search requires `query`"),
+        (r#"{"step":{"action":"other","text":"x"}}"#, "no such tag"),
+        (r#"{"step":{}}"#, "the tag is required"),
+        (
+            r#"{"step":{"action":"search","query":"q","action":"answer"}}"#,
+            "the tag twice",
+        ),
+        // Valid under the schema, but the tag must come first: it picks the object.
+        (
+            r#"{"step":{"query":"x","action":"search"}}"#,
+            "the tag comes first",
+        ),
+    ] {
+        assert!(!accepts(&schema, text), "accepted {text}: {why}");
+    }
+    // Objects without a tag cannot be told apart.
+    let untagged = json!({"type": "object", "properties": {"x": {"anyOf": [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+        {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}
+    ]}}});
+    let err = Schema::compile(&untagged.to_string()).unwrap_err();
+    assert!(err.to_string().contains("tag property"), "{err}");
 }
