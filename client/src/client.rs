@@ -340,6 +340,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Models { .. } => "Models",
         ServerMessage::Recorded { .. } => "Recorded",
         ServerMessage::Prefilled(_) => "Prefilled",
+        ServerMessage::ToolCall(_) => "ToolCall",
         ServerMessage::CacheStatus { .. } => "CacheStatus",
     }
 }
@@ -481,6 +482,7 @@ impl Routes {
         let id = match &message {
             ServerMessage::Token(event) => event.id,
             ServerMessage::Prefilled(event) => event.id,
+            ServerMessage::ToolCall(event) => event.id,
             ServerMessage::Done(event) => event.id,
             ServerMessage::Error(ErrorEvent { id: Some(id), .. }) => *id,
             ServerMessage::Tokens { id, .. }
@@ -496,6 +498,7 @@ impl Routes {
         let streamed = match message {
             ServerMessage::Token(event) => Ok(GenerationEvent::Token(event)),
             ServerMessage::Prefilled(event) => Ok(GenerationEvent::Prefilled(event)),
+            ServerMessage::ToolCall(event) => Ok(GenerationEvent::ToolCall(event)),
             other => Err(other),
         };
         let message = match streamed {

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use crate::{
     client::Routes,
     error::ClientError,
-    protocol::{ClientMessage, DoneEvent, PrefillEvent, ServerMessage, TokenEvent},
+    protocol::{ClientMessage, DoneEvent, PrefillEvent, ServerMessage, TokenEvent, ToolCallEvent},
 };
 
 /// An event of a running generation.
@@ -22,6 +22,8 @@ pub enum GenerationEvent {
     /// 1.2 or later; older ones never send it).
     Prefilled(PrefillEvent),
     Token(TokenEvent),
+    /// A function call the model made (`PromptInput::ChatWithTools` only).
+    ToolCall(ToolCallEvent),
     /// Always the last event.
     Done(DoneEvent),
 }
@@ -32,6 +34,7 @@ impl GenerationEvent {
         match self {
             GenerationEvent::Prefilled(event) => ServerMessage::Prefilled(event),
             GenerationEvent::Token(event) => ServerMessage::Token(event),
+            GenerationEvent::ToolCall(event) => ServerMessage::ToolCall(event),
             GenerationEvent::Done(event) => ServerMessage::Done(event),
         }
     }
@@ -82,14 +85,26 @@ impl Generation {
             .map_err(|_| self.routes.closed_error())
     }
 
-    /// Reads the stream to its end: the generated text and the final `Done`.
-    pub async fn collect_text(mut self) -> Result<(String, DoneEvent), ClientError> {
+    /// Reads the stream to its end: the generated text and the final `Done` (tool
+    /// calls are left out: see [`Generation::collect`]).
+    pub async fn collect_text(self) -> Result<(String, DoneEvent), ClientError> {
+        let (text, _, done) = self.collect().await?;
+        Ok((text, done))
+    }
+
+    /// Reads the stream to its end: the generated text, the tool calls the model made,
+    /// and the final `Done`.
+    pub async fn collect(
+        mut self,
+    ) -> Result<(String, Vec<crate::protocol::ToolCall>, DoneEvent), ClientError> {
         let mut text = String::new();
+        let mut calls = Vec::new();
         while let Some(event) = self.next().await {
             match event? {
                 GenerationEvent::Token(token) => text.push_str(&token.text),
+                GenerationEvent::ToolCall(event) => calls.push(event.call),
                 GenerationEvent::Prefilled(_) => {}
-                GenerationEvent::Done(done) => return Ok((text, done)),
+                GenerationEvent::Done(done) => return Ok((text, calls, done)),
             }
         }
         Err(ClientError::Disconnected)
@@ -106,7 +121,9 @@ impl Stream for Generation {
         let item = match self.events.poll_recv(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Ok(
-                event @ (GenerationEvent::Token(_) | GenerationEvent::Prefilled(_)),
+                event @ (GenerationEvent::Token(_)
+                | GenerationEvent::Prefilled(_)
+                | GenerationEvent::ToolCall(_)),
             ))) => return Poll::Ready(Some(Ok(event))),
             Poll::Ready(Some(last)) => last,
             // The route was dropped without a final item: the connection ended.

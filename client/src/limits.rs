@@ -17,6 +17,8 @@ use crate::protocol::GenerateRequest;
 pub const MAX_STOP_STRINGS: usize = 16;
 /// Chat messages per request.
 pub const MAX_CHAT_MESSAGES: usize = 65_536;
+/// Tools offered in one request, and tool calls in one message.
+pub const MAX_TOOLS: usize = 128;
 /// Logit-bias entries per request.
 pub const MAX_LOGIT_BIAS: usize = 65_536;
 
@@ -70,10 +72,24 @@ pub fn check_request(request: &GenerateRequest) -> Result<(), String> {
             MAX_LOGIT_BIAS,
         );
     }
-    if let crate::protocol::PromptInput::Chat { messages } = &request.input {
-        if messages.len() > MAX_CHAT_MESSAGES {
+    match &request.input {
+        crate::protocol::PromptInput::Chat { messages } if messages.len() > MAX_CHAT_MESSAGES => {
             return over("messages", messages.len(), MAX_CHAT_MESSAGES);
         }
+        crate::protocol::PromptInput::ChatWithTools {
+            messages, tools, ..
+        } => {
+            if messages.len() > MAX_CHAT_MESSAGES {
+                return over("messages", messages.len(), MAX_CHAT_MESSAGES);
+            }
+            if tools.len() > MAX_TOOLS {
+                return over("tools", tools.len(), MAX_TOOLS);
+            }
+            if let Some(m) = messages.iter().find(|m| m.tool_calls.len() > MAX_TOOLS) {
+                return over("tool_calls", m.tool_calls.len(), MAX_TOOLS);
+            }
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 4;
+pub const PROTOCOL_MINOR: u16 = 5;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -154,6 +154,20 @@ pub enum ServerMessage {
         id: u64,
         cache: CacheReport,
     },
+    /// A function call the model made, sent as soon as its arguments are complete and
+    /// before the generation's `Done` (whose finish reason is then `Stop`, or `Length`
+    /// when a later call was cut short). Only sent for `PromptInput::ChatWithTools`.
+    /// Since 1.5.
+    ToolCall(ToolCallEvent),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallEvent {
+    /// The generation's id.
+    pub id: u64,
+    /// 0 for the generation's first call, then 1, 2...
+    pub index: u32,
+    pub call: ToolCall,
 }
 
 impl ClientMessage {
@@ -163,9 +177,11 @@ impl ClientMessage {
         match self {
             ClientMessage::RecordJob { .. } => 1,
             ClientMessage::CacheStatus { .. } => 2,
-            ClientMessage::GenerateFormatted { format, .. } => format.since_minor(),
+            ClientMessage::GenerateFormatted { request, format } => {
+                format.since_minor().max(request.input.since_minor())
+            }
+            ClientMessage::Generate(request) => request.input.since_minor(),
             ClientMessage::Hello(_)
-            | ClientMessage::Generate(_)
             | ClientMessage::Cancel { .. }
             | ClientMessage::Tokenize { .. }
             | ClientMessage::Status { .. }
@@ -182,6 +198,7 @@ impl ServerMessage {
         match self {
             ServerMessage::Recorded { .. } => 1,
             ServerMessage::Prefilled(_) | ServerMessage::CacheStatus { .. } => 2,
+            ServerMessage::ToolCall(_) => 5,
             ServerMessage::Welcome(_)
             | ServerMessage::Token(_)
             | ServerMessage::Done(_)
@@ -236,6 +253,99 @@ pub enum PromptInput {
     },
     /// Used as is; `special` parses special-token text into special tokens.
     Raw { text: String, special: bool },
+    /// A chat whose model may call functions (tools). Since 1.5. The messages and the
+    /// tools are rendered by the model's chat template (or, when the template knows no
+    /// tools, described in a system message); the calls the model writes come back as
+    /// [`ServerMessage::ToolCall`] events, each held to its tool's parameter schema while
+    /// it is written, and their text is not sent as token text. The request's output
+    /// format must be `Text`.
+    ChatWithTools {
+        /// At most [`MAX_CHAT_MESSAGES`](crate::limits::MAX_CHAT_MESSAGES).
+        #[serde(
+            deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_CHAT_MESSAGES }>"
+        )]
+        messages: Vec<ToolChatMessage>,
+        /// At most [`MAX_TOOLS`](crate::limits::MAX_TOOLS), names unique.
+        #[serde(deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_TOOLS }>")]
+        tools: Vec<ToolSpec>,
+        choice: ToolChoice,
+        /// Whether the model may make more than one call in its answer.
+        parallel: bool,
+    },
+}
+
+impl PromptInput {
+    /// The protocol minor version that introduced this kind of input.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            PromptInput::Chat { .. } | PromptInput::Raw { .. } => 0,
+            PromptInput::ChatWithTools { .. } => 5,
+        }
+    }
+}
+
+/// A chat message that may carry tool calls (an assistant's) or a tool's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// `None` for an assistant message that only calls tools.
+    pub content: Option<String>,
+    /// The calls an assistant message made (earlier turns of the conversation).
+    #[serde(deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_TOOLS }>")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a `tool` message: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl ToolChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: Some(content.into()),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// 1 to 64 characters of `a-z`, `A-Z`, `0-9`, `_` and `-` (OpenAI's rule).
+    pub name: String,
+    pub description: String,
+    /// The JSON Schema of the arguments object (the document's text); empty: any
+    /// object. The arguments are held to it while written, like
+    /// [`OutputFormat::JsonSchema`]; a schema the daemon cannot enforce is refused when
+    /// `strict`, and otherwise loosened to any object.
+    pub parameters: String,
+    pub strict: bool,
+}
+
+/// Whether and how the model calls tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToolChoice {
+    /// The model answers in text or calls tools, as it decides.
+    #[default]
+    Auto,
+    /// The model answers in text; the tools are not shown to it.
+    None,
+    /// The answer is one call of any offered function, and no text.
+    Required,
+    /// The answer is one call of this function.
+    Function(String),
+}
+
+/// One function call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Made by the daemon for calls it reports (`call_` and 24 letters and digits); a
+    /// client sends back the ids it got.
+    pub id: String,
+    pub name: String,
+    /// The arguments: one JSON object, as text.
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -658,3 +658,228 @@ fn schema_on_the_default_model_answers_a_valid_object() {
     assert_eq!(finish, "stop", "{answer:?}");
     check_against_cat_schema(&answer);
 }
+
+/// OpenAI's own example tool.
+const WEATHER_TOOLS: &str = r#"[{"type": "function", "function": {
+  "name": "get_weather", "description": "Get the current weather in a city.",
+  "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"], "additionalProperties": false}}}]"#;
+
+fn tools_file(dir: &TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn tools_files_and_choices_are_checked_before_connecting() {
+    let dir = TempDir::new("cli-tools-usage");
+    // No daemon: a usage error (2) must come before the attempt to connect (3).
+    let socket = dir.path().join("nobody.sock");
+    let good = tools_file(&dir, "good.json", WEATHER_TOOLS);
+    let bad_name = tools_file(
+        &dir,
+        "bad.json",
+        r#"[{"type": "function", "function": {"name": "get weather"}}]"#,
+    );
+    let not_json = tools_file(&dir, "broken.json", "[{\"type\":");
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["run", "--tools", &bad_name, "hi"],
+            "tools[0].function.name",
+        ),
+        (&["run", "--tools", &not_json, "hi"], "not JSON"),
+        (
+            &["run", "--tools", "/nonexistent/tools.json", "hi"],
+            "tools",
+        ),
+        (
+            &["run", "--tools", &good, "--tool-choice", "get_time", "hi"],
+            "get_time",
+        ),
+        (&["run", "--tool-choice", "required", "hi"], "--tools"),
+        (&["run", "--tools", &good, "--raw", "hi"], "--raw"),
+        (
+            &["chat", "--tools", &good, "--format", "json"],
+            "--format json",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = spark(&socket, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// `spark run --json ...`: the event lines.
+fn json_events(socket: &std::path::Path, args: &[&str]) -> Vec<serde_json::Value> {
+    let out = spark(socket, &[&["run", "--json"], args].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect()
+}
+
+#[test]
+fn tools_with_the_choice_none_answer_in_text_in_run_and_chat() {
+    // The tiny model's context (512) cannot hold the tools' description: with `none`
+    // they are not shown, and the request still goes as a chat with tools.
+    let dir = TempDir::new("cli-tools-none");
+    let tools = tools_file(&dir, "weather.json", WEATHER_TOOLS);
+    let d = Daemon::start(&tiny_model(), &[]);
+    let events = json_events(
+        &d.socket,
+        &[
+            "--tools",
+            &tools,
+            "--tool-choice",
+            "none",
+            "--max-tokens",
+            "8",
+            "hi",
+        ],
+    );
+    assert!(
+        events.iter().all(|e| e["type"] != "tool_call"),
+        "{events:?}"
+    );
+    let done = events.last().expect("a done line");
+    assert_eq!(done["type"], "done");
+    assert!(done["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+
+    let out = chat(
+        &d.socket,
+        &[
+            "--tools",
+            &tools,
+            "--tool-choice",
+            "none",
+            "--max-tokens",
+            "8",
+        ],
+        &["hi", "and again"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains(" tok/s · ")).count(),
+        2,
+        "{stderr}"
+    );
+}
+
+/// The weather call in `args` of a `get_weather(...)` line or event: its arguments.
+fn weather_arguments(arguments: &str) -> serde_json::Value {
+    let value: serde_json::Value = serde_json::from_str(arguments)
+        .unwrap_or_else(|e| panic!("{arguments:?} is not JSON: {e}"));
+    assert!(value["city"].is_string(), "{value}");
+    if let Some(unit) = value.get("unit") {
+        assert!(unit == "celsius" || unit == "fahrenheit", "{value}");
+    }
+    value
+}
+
+#[test]
+fn tool_calls_on_the_default_model_print_as_lines_and_json_events() {
+    let Some(model) = default_model() else {
+        eprintln!("skipping: the default model is not on this machine");
+        return;
+    };
+    let dir = TempDir::new("cli-tools-default");
+    let tools = tools_file(&dir, "weather.json", WEATHER_TOOLS);
+    let d = Daemon::start(&model, &[]);
+    let question = "What is the weather like in Paris today?";
+    let events = json_events(
+        &d.socket,
+        &[
+            "--tools",
+            &tools,
+            "--tool-choice",
+            "get_weather",
+            "--max-tokens",
+            "200",
+            question,
+        ],
+    );
+    let done = events.last().expect("a done line");
+    assert_eq!(done["finish_reason"], "stop", "{events:?}");
+    let calls: Vec<&serde_json::Value> =
+        events.iter().filter(|e| e["type"] == "tool_call").collect();
+    assert_eq!(calls.len(), 1, "one call of the named function: {events:?}");
+    let call = calls[0];
+    assert_eq!(call["name"], "get_weather");
+    assert_eq!(call["index"], 0);
+    assert_eq!(
+        call["id"], done["id"],
+        "the generation's id, as in other events"
+    );
+    assert!(
+        call["call_id"].as_str().unwrap().starts_with("call_"),
+        "{call}"
+    );
+    weather_arguments(call["arguments"].as_str().unwrap());
+
+    // Without --json: the call on a line of its own, `name(arguments)`.
+    let out = spark(
+        &d.socket,
+        &[
+            "run",
+            "--tools",
+            &tools,
+            "--tool-choice",
+            "required",
+            "--max-tokens",
+            "200",
+            question,
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("get_weather("))
+        .unwrap_or_else(|| panic!("no call line: {stdout:?}"));
+    weather_arguments(
+        line.strip_prefix("get_weather(")
+            .unwrap()
+            .strip_suffix(')')
+            .unwrap(),
+    );
+}
+
+#[test]
+fn chat_on_the_default_model_keeps_a_turn_that_made_calls_in_its_history() {
+    let Some(model) = default_model() else {
+        eprintln!("skipping: the default model is not on this machine");
+        return;
+    };
+    let dir = TempDir::new("cli-tools-chat");
+    let tools = tools_file(&dir, "weather.json", WEATHER_TOOLS);
+    let d = Daemon::start(&model, &[]);
+    let out = chat(
+        &d.socket,
+        &[
+            "--tools",
+            &tools,
+            "--tool-choice",
+            "required",
+            "--max-tokens",
+            "100",
+        ],
+        &["What is the weather in Paris?", "And in Oslo?"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let calls = stdout
+        .lines()
+        .filter(|l| l.starts_with("get_weather("))
+        .count();
+    assert_eq!(calls, 2, "one call per turn: {stdout:?}");
+    // The second prompt holds the first question and the call that answered it.
+    let sizes = prompt_sizes(&d.socket);
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert!(sizes[1] > sizes[0] + 10, "history resent: {sizes:?}");
+}

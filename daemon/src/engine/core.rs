@@ -14,11 +14,12 @@ use crate::backend::Backend;
 use crate::model::{Model, SeqInput, BLOCK_TOKENS};
 use crate::text::constraint::JsonFilter;
 use crate::text::sampler::TokenFilter;
+use crate::text::tools::{CALL_CLOSE, CALL_OPEN};
 use crate::text::Tokenizer;
 
 use super::jobs::{CacheLoad, Shared};
 use super::scheduler::{plan_step, Pending, StepPacer};
-use super::sequence::Sequence;
+use super::sequence::{active_constraint, Sequence};
 use super::ConnId;
 
 /// Test hook: `SPARKD_FAULT_FAIL_STEP=<n>` makes the engine's n-th forward step (counting
@@ -544,7 +545,7 @@ fn sample(
     logits: &mut [f32],
     tok: &Tokenizer,
 ) -> Option<(u32, Option<TokenLogprobs>)> {
-    let mut json = s.json.as_mut().map(|constraint| JsonFilter {
+    let mut json = active_constraint(&mut s.json, &mut s.tools).map(|constraint| JsonFilter {
         constraint,
         tokenizer: tok,
     });
@@ -630,6 +631,19 @@ fn choose_tokens(
     chosen
 }
 
+/// The bytes of `token` a tool-call watcher reads: a control token's only when it is a
+/// call tag (some vocabularies make `<tool_call>` one), as the text stream drops the
+/// others.
+fn tool_watch_bytes(tok: &Tokenizer, token: u32) -> &[u8] {
+    let bytes = tok.token_bytes(token);
+    let is_tag = bytes == CALL_OPEN.as_bytes() || bytes == CALL_CLOSE.as_bytes();
+    if tok.is_control(token) && !is_tag {
+        &[]
+    } else {
+        bytes
+    }
+}
+
 /// Appends the chosen `token` to `s` and streams it (with its text, once whole and clear
 /// of stop strings), ending the sequence on an end-of-generation token, a stop string,
 /// `max_tokens` or the context.
@@ -648,7 +662,20 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
     let mut text = String::new();
     let eog = tok.is_eog(token);
     if !eog {
-        let delta = s.decoder.push(tok, token);
+        let delta = match &mut s.tools {
+            None => s.decoder.push(tok, token),
+            Some(tools) => {
+                let watched = tools.push(tool_watch_bytes(tok, token));
+                let first = tools.calls() - watched.calls.len() as u32;
+                for (index, call) in (first..).zip(watched.calls) {
+                    s.send_tool_call(index, call);
+                }
+                if watched.end {
+                    s.finish.get_or_insert(FinishReason::Stop);
+                }
+                s.decoder.push_bytes(&watched.text)
+            }
+        };
         let out = s.stop.push(&delta);
         text.push_str(&out.text);
         if out.stopped {
@@ -665,7 +692,13 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
     }
     if s.finish.is_some() && !s.stop.is_stopped() {
         // Ending for a reason other than a stop string: release text held back as a
-        // possible stop-string prefix, and any incomplete character (lossily).
+        // possible stop-string prefix or an unfinished tool call, and any incomplete
+        // character (lossily).
+        if let Some(tools) = &mut s.tools {
+            let held = tools.finish();
+            let delta = s.decoder.push_bytes(&held);
+            text.push_str(&s.stop.push(&delta).text);
+        }
         let tail = s.decoder.finish();
         text.push_str(&s.stop.push(&tail).text);
         text.push_str(&s.stop.finish());

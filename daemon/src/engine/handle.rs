@@ -18,6 +18,8 @@ use crate::backend::{Backend, CpuBackend, DeviceReport};
 use crate::model::{Model, BLOCK_TOKENS};
 use crate::text::constraint::JsonConstraint;
 use crate::text::schema::Schema;
+use crate::text::tools::watch::CallWatcher;
+use crate::text::tools::{CallMode, ToolSet, CALL_OPEN};
 use crate::text::{
     sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
 };
@@ -248,30 +250,57 @@ impl EngineHandle {
         }
     }
 
-    /// Turns a request into prompt tokens, or says exactly what is wrong with it.
-    pub fn prompt_tokens(&self, req: &GenerateRequest) -> Result<Vec<u32>, ErrorEvent> {
+    /// Turns a request into prompt tokens, or says exactly what is wrong with it. With
+    /// `tools` forcing a call, the prompt ends with the call's opening tag.
+    pub fn prompt_tokens(
+        &self,
+        req: &GenerateRequest,
+        tools: Option<&ToolSet>,
+    ) -> Result<Vec<u32>, ErrorEvent> {
         let id = req.id;
+        let template = || {
+            self.template.as_ref().ok_or_else(|| {
+                invalid(
+                    id,
+                    ErrorKind::InvalidRequest,
+                    "this model has no chat template; send a raw prompt or start sparkd with --chat-template",
+                )
+            })
+        };
+        let template_error =
+            |e: TextError| invalid(id, ErrorKind::InvalidRequest, format!("chat template: {e}"));
+        let no_messages = || {
+            invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "messages: at least one message is required",
+            )
+        };
         match &req.input {
             PromptInput::Chat { messages } => {
                 if messages.is_empty() {
-                    return Err(invalid(
-                        id,
-                        ErrorKind::InvalidRequest,
-                        "messages: at least one message is required",
-                    ));
+                    return Err(no_messages());
                 }
-                let template = self.template.as_ref().ok_or_else(|| {
-                    invalid(
-                        id,
-                        ErrorKind::InvalidRequest,
-                        "this model has no chat template; send a raw prompt or start sparkd with --chat-template",
-                    )
-                })?;
-                let text = template
+                let text = template()?
                     .render_prompt(messages, &self.tokenizer)
-                    .map_err(|e| {
-                        invalid(id, ErrorKind::InvalidRequest, format!("chat template: {e}"))
-                    })?;
+                    .map_err(template_error)?;
+                Ok(self.tokenizer.encode(&text, true, true))
+            }
+            PromptInput::ChatWithTools {
+                messages,
+                tools: specs,
+                ..
+            } => {
+                if messages.is_empty() {
+                    return Err(no_messages());
+                }
+                let mut text = template()?
+                    .render_tool_prompt(messages, specs, tools.is_some(), &self.tokenizer)
+                    .map_err(template_error)?;
+                if tools.is_some_and(|t| t.mode == CallMode::Forced) {
+                    text.push_str(CALL_OPEN);
+                    text.push('\n');
+                }
                 Ok(self.tokenizer.encode(&text, true, true))
             }
             PromptInput::Raw { text, special } => Ok(self.tokenizer.encode(text, true, *special)),
@@ -328,7 +357,26 @@ impl EngineHandle {
                 Some(JsonConstraint::with_schema(Arc::new(schema)))
             }
         };
-        let tokens = self.prompt_tokens(req)?;
+        let tools = match &req.input {
+            PromptInput::ChatWithTools {
+                tools,
+                choice,
+                parallel,
+                ..
+            } => {
+                if sub.format != OutputFormat::Text {
+                    return Err(invalid(
+                        id,
+                        ErrorKind::InvalidRequest,
+                        "tools cannot be combined with JSON output",
+                    ));
+                }
+                ToolSet::prepare(tools, choice, *parallel)
+                    .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?
+            }
+            _ => None,
+        };
+        let tokens = self.prompt_tokens(req, tools.as_ref())?;
         if tokens.is_empty() {
             return Err(invalid(
                 id,
@@ -390,6 +438,7 @@ impl EngineHandle {
             decoder: StreamDecoder::skipping_control(),
             stop: StopMatcher::new(&req.stop),
             json,
+            tools: tools.map(CallWatcher::new),
             logprobs: req.logprobs,
             events: sub.events,
             timings: SeqTimings {

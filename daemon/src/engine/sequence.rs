@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
     DoneEvent, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ServerMessage, Timings,
-    TokenEvent, Usage,
+    TokenEvent, ToolCall, ToolCallEvent, Usage,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::model::BlockTable;
 use crate::text::constraint::JsonConstraint;
+use crate::text::tools::watch::CallWatcher;
 use crate::text::{Sampler, StopMatcher, StreamDecoder};
 
 use super::api::{ClientInfo, ConnId};
@@ -62,6 +63,19 @@ impl SeqTimings {
     }
 }
 
+/// What a sequence's next token must satisfy: its JSON output, or the tool call being
+/// written. (Over the two fields, so the sampler can borrow the rest of the sequence.)
+pub fn active_constraint<'a>(
+    json: &'a mut Option<JsonConstraint>,
+    tools: &'a mut Option<CallWatcher>,
+) -> Option<&'a mut JsonConstraint> {
+    match (json, tools) {
+        (Some(json), _) => Some(json),
+        (None, Some(tools)) => tools.constraint(),
+        (None, None) => None,
+    }
+}
+
 pub struct Sequence {
     pub job: u64,
     pub conn: ConnId,
@@ -81,6 +95,9 @@ pub struct Sequence {
     pub stop: StopMatcher,
     /// JSON output: what the text so far allows next.
     pub json: Option<JsonConstraint>,
+    /// A chat with tools: the calls in the answer, and the constraint of the one being
+    /// written.
+    pub tools: Option<CallWatcher>,
     pub logprobs: Option<u8>,
     pub events: UnboundedSender<ServerMessage>,
     pub timings: SeqTimings,
@@ -93,9 +110,26 @@ impl Sequence {
     /// When its next token is the argmax of the logits plus a bias (greedy, no penalty,
     /// no logprobs, any text), that bias: a backend may add it and pick on the device.
     pub fn argmax_bias(&self) -> Option<&[(u32, f32)]> {
-        (self.logprobs.is_none() && self.json.is_none())
+        (self.logprobs.is_none() && self.json.is_none() && self.tools_free())
             .then(|| self.sampler.argmax_bias())
             .flatten()
+    }
+
+    /// Whether no tool call is being written (its tokens are constrained).
+    fn tools_free(&self) -> bool {
+        self.tools.as_ref().is_none_or(CallWatcher::is_free)
+    }
+
+    /// Sends a tool call the model made; a closed channel means the client has gone.
+    pub fn send_tool_call(&mut self, index: u32, call: ToolCall) {
+        let event = ToolCallEvent {
+            id: self.request_id,
+            index,
+            call,
+        };
+        if self.events.send(ServerMessage::ToolCall(event)).is_err() && self.finish.is_none() {
+            self.finish = Some(FinishReason::Disconnected);
+        }
     }
 
     pub fn completion_tokens(&self) -> usize {

@@ -90,7 +90,16 @@ fn engine_with(
     kv_blocks: usize,
     cost_per_token: Option<Duration>,
 ) -> (Arc<EngineHandle>, Probe) {
-    let bytes = synth_gguf(&SynthSpec::tiny()).expect("synth").to_bytes();
+    engine_of(&SynthSpec::tiny(), config, kv_blocks, cost_per_token)
+}
+
+fn engine_of(
+    spec: &SynthSpec,
+    config: EngineConfig,
+    kv_blocks: usize,
+    cost_per_token: Option<Duration>,
+) -> (Arc<EngineHandle>, Probe) {
+    let bytes = synth_gguf(spec).expect("synth").to_bytes();
     let file = GgufFile::from_bytes(bytes).expect("parse synth");
     let model = Arc::new(Model::from_file(file, std::path::Path::new("tiny.gguf")).expect("load"));
     let probe = Probe {
@@ -599,5 +608,198 @@ fn a_schema_that_cannot_be_enforced_is_refused_before_anything_runs() {
         err.message.contains("#/properties/a") && err.message.contains("`not`"),
         "{}",
         err.message
+    );
+}
+
+/// A chat with two tools, its answer held to one call from the first token.
+fn submit_tool_chat(
+    engine: &EngineHandle,
+    id: u64,
+    tools: Vec<spark_client::protocol::ToolSpec>,
+    choice: spark_client::protocol::ToolChoice,
+    sampling: SamplingParams,
+) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
+    use spark_client::protocol::ToolChatMessage;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id,
+        model: None,
+        input: PromptInput::ChatWithTools {
+            messages: vec![ToolChatMessage::new("user", "weather?")],
+            tools,
+            choice,
+            parallel: false,
+        },
+        sampling,
+        max_tokens: Some(64),
+        stop: Vec::new(),
+        logprobs: None,
+    };
+    engine
+        .submit(Submission {
+            format: OutputFormat::Text,
+            conn: 1,
+            client: ClientInfo::default(),
+            request,
+            arrived: Instant::now(),
+            events: tx,
+        })
+        .expect("accepted");
+    rx
+}
+
+#[test]
+fn a_required_tool_call_names_an_offered_tool_with_valid_arguments() {
+    use spark_client::protocol::{ToolChoice, ToolSpec};
+    // The tools' description in the system message needs more than 512 positions.
+    let spec = SynthSpec {
+        context_length: 2048,
+        ..SynthSpec::tiny()
+    };
+    let (engine, _) = engine_of(&spec, EngineConfig::new("tiny"), 128, None);
+    let weather = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 6},
+            "unit": {"enum": ["c", "f"]}
+        },
+        "required": ["city"],
+        "additionalProperties": false
+    });
+    let tools = vec![
+        ToolSpec {
+            name: "get_weather".into(),
+            description: "The weather in a city".into(),
+            parameters: weather.to_string(),
+            strict: true,
+        },
+        ToolSpec {
+            name: "now".into(),
+            description: String::new(),
+            parameters: String::new(),
+            strict: false,
+        },
+    ];
+    let validator = jsonschema::validator_for(&weather).expect("a valid schema");
+    let mut called = 0;
+    for seed in 0..16 {
+        let mut logit_bias: Vec<(u32, f32)> =
+            b" \t\r\n".iter().map(|&b| (u32::from(b), -8.0)).collect();
+        logit_bias.extend([(CLOSE_BRACE, 4.0), (b'"' as u32, 3.0)]);
+        let sampling = SamplingParams {
+            temperature: 1.5,
+            seed: Some(seed),
+            logit_bias,
+            ..SamplingParams::default()
+        };
+        let mut events = submit_tool_chat(
+            &engine,
+            seed + 1,
+            tools.clone(),
+            ToolChoice::Required,
+            sampling,
+        );
+        let (mut text, mut calls) = (String::new(), Vec::new());
+        let done = loop {
+            match events.blocking_recv().expect("a Done") {
+                ServerMessage::Token(t) => text.push_str(&t.text),
+                ServerMessage::ToolCall(c) => calls.push(c),
+                ServerMessage::Done(done) => break done,
+                ServerMessage::Prefilled(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        match done.finish_reason {
+            FinishReason::Stop => {
+                called += 1;
+                assert_eq!(calls.len(), 1, "seed {seed}: one call, no parallel ones");
+                assert_eq!(text, "", "seed {seed}: a call is not text");
+                let call = &calls[0];
+                assert_eq!((call.id, call.index), (seed + 1, 0));
+                let arguments: serde_json::Value = serde_json::from_str(&call.call.arguments)
+                    .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                match call.call.name.as_str() {
+                    "get_weather" => {
+                        let errors: Vec<String> = validator
+                            .iter_errors(&arguments)
+                            .map(|e| e.to_string())
+                            .collect();
+                        assert!(errors.is_empty(), "seed {seed}: {arguments}: {errors:?}");
+                    }
+                    "now" => assert!(arguments.is_object()),
+                    other => panic!("seed {seed}: called {other}"),
+                }
+            }
+            // Cut short: the call's text so far comes back as text, nothing is lost.
+            FinishReason::Length => {
+                assert!(calls.is_empty());
+                assert!(text.trim_start().starts_with('{'), "seed {seed}: {text:?}");
+            }
+            other => panic!("seed {seed}: finished {other:?}"),
+        }
+    }
+    eprintln!("{called} of 16 calls complete within 64 tokens");
+    assert!(called > 0, "no call ever completed: the test shows nothing");
+}
+
+#[test]
+fn tool_requests_that_cannot_be_served_are_refused_with_the_reason() {
+    use spark_client::protocol::{ToolChatMessage, ToolChoice, ToolSpec};
+    let (engine, _) = engine(true);
+    let request = |choice: ToolChoice| GenerateRequest {
+        id: 1,
+        model: None,
+        input: PromptInput::ChatWithTools {
+            messages: vec![ToolChatMessage::new("user", "hi")],
+            tools: vec![ToolSpec {
+                name: "f".into(),
+                description: String::new(),
+                parameters:
+                    r#"{"type":"object","properties":{"z":{"type":"string","pattern":"^a"}}}"#
+                        .into(),
+                strict: true,
+            }],
+            choice,
+            parallel: true,
+        },
+        sampling: SamplingParams::default(),
+        max_tokens: Some(4),
+        stop: Vec::new(),
+        logprobs: None,
+    };
+    let refusal = |request: GenerateRequest, format: OutputFormat| {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        engine
+            .submit(Submission {
+                format,
+                conn: 1,
+                client: ClientInfo::default(),
+                request,
+                arrived: Instant::now(),
+                events: tx,
+            })
+            .expect_err("refused")
+    };
+    let strict = refusal(request(ToolChoice::Auto), OutputFormat::Text);
+    assert_eq!(strict.kind, ErrorKind::InvalidRequest);
+    assert!(
+        strict
+            .message
+            .starts_with("tools[0] (`f`).parameters: JSON schema at #/properties/z"),
+        "{}",
+        strict.message
+    );
+    let unknown = refusal(
+        request(ToolChoice::Function("g".into())),
+        OutputFormat::Text,
+    );
+    assert_eq!(
+        unknown.message,
+        "tool_choice: the function `g` is not among the tools"
+    );
+    let with_json = refusal(request(ToolChoice::None), OutputFormat::JsonObject);
+    assert_eq!(
+        with_json.message,
+        "tools cannot be combined with JSON output"
     );
 }

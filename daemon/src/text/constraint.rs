@@ -150,6 +150,25 @@ impl JsonConstraint {
         }
     }
 
+    /// A JSON object that `schema` allows, after optional whitespace (at most 64
+    /// bytes): a tool call's arguments, written after its opening tag.
+    pub fn after_whitespace(schema: Arc<Schema>) -> Self {
+        Self {
+            state: SchemaState::after_whitespace(&schema),
+            ..Self::with_schema(schema)
+        }
+    }
+
+    /// Takes `bytes` as accepted text, written before the constraint took over (the
+    /// rest of the token that ended a tool call's opening tag); false when the schema
+    /// cannot continue with them (then the constraint is not to be used).
+    pub fn accept_prefix(&mut self, bytes: &[u8]) -> bool {
+        self.frames.truncate(self.committed);
+        let accepted = self.state.feed_all(&self.schema, &mut self.frames, bytes);
+        self.committed = self.frames.len();
+        accepted
+    }
+
     /// Whether the JSON object is complete: the generation ends here.
     pub fn is_done(&self) -> bool {
         self.state.is_done()
@@ -229,14 +248,6 @@ impl JsonConstraint {
         }
         self.frames.truncate(self.committed);
         count
-    }
-
-    /// Takes `bytes` as accepted text (tests feed texts that no token spells).
-    #[cfg(test)]
-    fn accept_bytes(&mut self, bytes: &[u8]) -> bool {
-        let accepted = self.state.feed_all(&self.schema, &mut self.frames, bytes);
-        self.committed = self.frames.len();
-        accepted
     }
 
     fn is_allowed(&self, id: usize) -> bool {
@@ -376,7 +387,7 @@ mod tests {
                 String::from_utf8_lossy(&text.as_bytes()[..i])
             );
             assert!(!walk.is_empty());
-            assert!(c.accept_bytes(&[b]), "{:?}", &text.as_bytes()[..=i]);
+            assert!(c.accept_prefix(&[b]), "{:?}", &text.as_bytes()[..=i]);
         }
         assert!(c.is_done());
     }
@@ -417,7 +428,7 @@ mod tests {
     fn control_unknown_and_end_tokens_never_pass() {
         let tok = json_vocab();
         let mut c = JsonConstraint::new();
-        assert!(c.accept_bytes(b"{\"a\":\""));
+        assert!(c.accept_prefix(b"{\"a\":\""));
         // Inside a string any text goes, but not `<|im_end|>` and the like, whose text
         // would otherwise be a fine string.
         let allowed = allowed_by_walk(&mut c, &tok);

@@ -39,6 +39,9 @@ pub struct JsonAcceptor {
 enum Lex {
     /// Before the top-level object: `{` only.
     Start,
+    /// Before the top-level object: whitespace, then `{` (a tool call after its
+    /// opening tag, where models put a newline).
+    Lead,
     /// After `{`: a key or `}`.
     ObjectOpen,
     /// After `,` in an object: a key.
@@ -221,6 +224,15 @@ impl JsonAcceptor {
         }
     }
 
+    /// Nothing accepted yet: the text may begin with whitespace (at most 64 bytes),
+    /// then must open an object.
+    pub const fn after_whitespace() -> Self {
+        Self {
+            lex: Lex::Lead,
+            ..Self::new()
+        }
+    }
+
     /// Inside a string of an object, between characters: where a token that is plain
     /// string text (see [`JsonAcceptor::in_plain_string`]) can be told from one that is
     /// not.
@@ -341,7 +353,9 @@ impl JsonAcceptor {
         }
         self.whitespace_run = 0;
         let accepted = match (self.lex, b) {
-            (Lex::Start, b'{') => return self.open(true).then(|| Step::new(Event::Open, false)),
+            (Lex::Start | Lex::Lead, b'{') => {
+                return self.open(true).then(|| Step::new(Event::Open, false))
+            }
             (Lex::ObjectOpen, b'}') => self.close(),
             (Lex::ObjectOpen | Lex::Key, b'"') => {
                 self.lex = Lex::Str {

@@ -16,6 +16,7 @@ mod stop;
 mod stream;
 mod template;
 mod tokenizer;
+pub mod tools;
 mod unicode;
 mod unicode_data;
 

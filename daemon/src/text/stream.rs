@@ -40,6 +40,12 @@ impl StreamDecoder {
         self.drain(false)
     }
 
+    /// The text that `bytes` (a token's, or part of one) complete.
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        self.drain(false)
+    }
+
     /// Ends the stream: bytes of a character that never completed become U+FFFD.
     pub fn finish(&mut self) -> String {
         self.drain(true)

@@ -7,8 +7,9 @@
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
-use spark_client::protocol::ChatMessage;
+use spark_client::protocol::{ChatMessage, ToolChatMessage, ToolSpec};
 
+use super::tools::prompt::{template_inputs, TemplateInputs, TemplateTools};
 use super::{TextError, Tokenizer};
 
 const NAME: &str = "chat_template";
@@ -16,6 +17,7 @@ const NAME: &str = "chat_template";
 /// A compiled chat template. Built once at model load; rendering is `&self`.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    tools: TemplateTools,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -37,7 +39,15 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| TextError::TemplateSyntax(describe(&e)))?;
-        Ok(Self { env })
+        Ok(Self {
+            env,
+            tools: TemplateTools::of_template(source),
+        })
+    }
+
+    /// Whether the template renders tools and tool calls itself.
+    pub fn tools(&self) -> TemplateTools {
+        self.tools
     }
 
     /// The template from GGUF metadata (`tokenizer.chat_template`), or `None` when the
@@ -57,12 +67,28 @@ impl ChatTemplate {
         bos_token: &str,
         eos_token: &str,
     ) -> Result<String, TextError> {
+        self.render_values(
+            Value::from_serialize(messages),
+            None,
+            add_generation_prompt,
+            (bos_token, eos_token),
+        )
+    }
+
+    fn render_values(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        add_generation_prompt: bool,
+        (bos_token, eos_token): (&str, &str),
+    ) -> Result<String, TextError> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| TextError::TemplateRender(describe(&e)))?;
         let ctx = minijinja::context! {
-            messages => Value::from_serialize(messages),
+            messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
@@ -79,9 +105,37 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         tokenizer: &Tokenizer,
     ) -> Result<String, TextError> {
+        self.prompt_of(Value::from_serialize(messages), None, tokenizer)
+    }
+
+    /// The prompt for a chat with tools (see [`super::tools::prompt`]); `show_tools`
+    /// false renders the history's calls without offering the tools.
+    pub fn render_tool_prompt(
+        &self,
+        messages: &[ToolChatMessage],
+        tools: &[ToolSpec],
+        show_tools: bool,
+        tokenizer: &Tokenizer,
+    ) -> Result<String, TextError> {
+        let TemplateInputs { messages, tools } =
+            template_inputs(self.tools, messages, tools, show_tools);
+        self.prompt_of(
+            Value::from_serialize(&messages),
+            tools.map(|t| Value::from_serialize(&t)),
+            tokenizer,
+        )
+    }
+
+    fn prompt_of(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        tokenizer: &Tokenizer,
+    ) -> Result<String, TextError> {
         let text_of = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap_or("");
         let bos = text_of(tokenizer.bos());
-        let mut prompt = self.render(messages, true, bos, text_of(tokenizer.eos()))?;
+        let mut prompt =
+            self.render_values(messages, tools, true, (bos, text_of(tokenizer.eos())))?;
         if tokenizer.add_bos() && !bos.is_empty() && prompt.starts_with(bos) {
             prompt.drain(..bos.len());
         }

@@ -151,6 +151,10 @@ fn prompt_text(input: &PromptInput) -> &str {
     match input {
         PromptInput::Raw { text, .. } => text,
         PromptInput::Chat { messages } => messages.last().map_or("", |m| m.content.as_str()),
+        PromptInput::ChatWithTools { messages, .. } => messages
+            .last()
+            .and_then(|m| m.content.as_deref())
+            .unwrap_or(""),
     }
 }
 

@@ -58,6 +58,7 @@ async fn the_stream_tells_how_the_prompt_was_read_before_its_first_token() {
                 "prefilled"
             }
             GenerationEvent::Token(_) => "token",
+            GenerationEvent::ToolCall(_) => "tool call",
             GenerationEvent::Done(_) => "done",
         })
         .collect();

@@ -91,8 +91,17 @@ pub struct SchemaState {
 impl SchemaState {
     /// Nothing read yet: the text must begin the root's object.
     pub fn new(schema: &Schema) -> Self {
+        Self::starting(schema, JsonAcceptor::new())
+    }
+
+    /// Nothing read yet: the text may begin with whitespace, then the root's object.
+    pub fn after_whitespace(schema: &Schema) -> Self {
+        Self::starting(schema, JsonAcceptor::after_whitespace())
+    }
+
+    fn starting(schema: &Schema, json: JsonAcceptor) -> Self {
         Self {
-            json: JsonAcceptor::new(),
+            json,
             top: Frame {
                 node: ANY,
                 seen: 0,

@@ -1,0 +1,230 @@
+//! Tool (function) calling: the tools a chat request offers, shown to the model, and
+//! the calls it writes, found in its text and held to each tool's parameter schema.
+//!
+//! Calls use the Hermes syntax that Qwen 2.5/3, Hermes and SmolLM3 were trained on:
+//!
+//! ```text
+//! <tool_call>
+//! {"name": "get_weather", "arguments": {"city": "Oslo"}}
+//! </tool_call>
+//! ```
+//!
+//! A template that writes this syntax itself is given the tools and the history's calls
+//! as data ([`prompt`]); any other template renders the conversation without them, and
+//! the tools and the syntax are described in a system message instead, so every model
+//! can call tools. While the model writes, [`watch::CallWatcher`] passes text through
+//! until an opening tag appears, then holds the call's JSON to the schema of
+//! [`ToolSet::schema`] token by token (lazily, as llama.cpp's grammar triggers do), so a
+//! call always names an offered tool and its arguments always match that tool's schema.
+//! `tool_choice: required` (or a named function) puts the opening tag at the end of the
+//! prompt and holds the answer to a call from its first token.
+
+pub mod prompt;
+pub mod watch;
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use spark_client::protocol::{ToolChoice, ToolSpec};
+use thiserror::Error;
+
+use super::schema::Schema;
+
+/// The tag that opens a call.
+pub const CALL_OPEN: &str = "<tool_call>";
+/// The tag that closes a call.
+pub const CALL_CLOSE: &str = "</tool_call>";
+
+/// A request's tools that are wrong, or cannot be enforced.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ToolError {
+    #[error(
+        "tools[{index}].name: `{name}` must be 1 to 64 characters of a-z, A-Z, 0-9, `_` and `-`"
+    )]
+    BadName { index: usize, name: String },
+    #[error("tools[{index}].name: `{name}` is offered twice")]
+    DuplicateName { index: usize, name: String },
+    #[error("tools[{index}] (`{name}`).parameters: {message}")]
+    BadParameters {
+        index: usize,
+        name: String,
+        message: String,
+    },
+    #[error("tool_choice: the function `{0}` is not among the tools")]
+    UnknownChoice(String),
+    #[error("tool_choice: a call is required but no tools are offered")]
+    NothingToCall,
+    #[error("tool calls: {0}")]
+    Schema(String),
+}
+
+/// How the answer begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallMode {
+    /// Text or calls, as the model decides.
+    Auto,
+    /// A call from the first token: the prompt ends with the opening tag.
+    Forced,
+}
+
+/// The tools of one request, ready for generation.
+#[derive(Debug, Clone)]
+pub struct ToolSet {
+    /// One call object: `{"name": <an offered tool>, "arguments": <its parameters>}`.
+    pub schema: Arc<Schema>,
+    pub mode: CallMode,
+    /// Whether more calls may follow the first.
+    pub parallel: bool,
+}
+
+impl ToolSet {
+    /// Checks `tools` and `choice`; `None` when the model may not call anything
+    /// (`ToolChoice::None`, or no tools offered).
+    pub fn prepare(
+        tools: &[ToolSpec],
+        choice: &ToolChoice,
+        parallel: bool,
+    ) -> Result<Option<ToolSet>, ToolError> {
+        check_names(tools)?;
+        let (mode, callable): (CallMode, Vec<&ToolSpec>) = match choice {
+            ToolChoice::None => return Ok(None),
+            ToolChoice::Auto if tools.is_empty() => return Ok(None),
+            ToolChoice::Auto => (CallMode::Auto, tools.iter().collect()),
+            ToolChoice::Required if tools.is_empty() => return Err(ToolError::NothingToCall),
+            ToolChoice::Required => (CallMode::Forced, tools.iter().collect()),
+            ToolChoice::Function(name) => {
+                let tool = tools
+                    .iter()
+                    .find(|t| t.name == *name)
+                    .ok_or_else(|| ToolError::UnknownChoice(name.clone()))?;
+                (CallMode::Forced, vec![tool])
+            }
+        };
+        // Every tool's parameters are checked, including those a named choice leaves
+        // out: a request is refused or not whatever its choice.
+        let mut parameters = Vec::with_capacity(tools.len());
+        for (index, tool) in tools.iter().enumerate() {
+            parameters.push(enforceable_parameters(index, tool)?);
+        }
+        let schema = call_schema(tools.iter().zip(parameters).filter_map(|(tool, params)| {
+            callable
+                .iter()
+                .any(|c| c.name == tool.name)
+                .then_some((tool.name.as_str(), params))
+        }));
+        let schema =
+            Schema::compile(&schema.to_string()).map_err(|e| ToolError::Schema(e.to_string()))?;
+        Ok(Some(ToolSet {
+            schema: Arc::new(schema),
+            mode,
+            parallel,
+        }))
+    }
+}
+
+/// OpenAI's rule for function names, and no name twice.
+fn check_names(tools: &[ToolSpec]) -> Result<(), ToolError> {
+    for (index, tool) in tools.iter().enumerate() {
+        let name = &tool.name;
+        let valid = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !valid {
+            return Err(ToolError::BadName {
+                index,
+                name: name.chars().take(80).collect(),
+            });
+        }
+        if tools[..index].iter().any(|t| t.name == *name) {
+            return Err(ToolError::DuplicateName {
+                index,
+                name: name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A tool's parameter schema as it will be enforced: its own when the daemon can
+/// enforce it; any object when it cannot and the tool is not `strict` (OpenAI holds
+/// only strict tools to their schemas); an error for a strict one.
+fn enforceable_parameters(index: usize, tool: &ToolSpec) -> Result<Value, ToolError> {
+    let bad = |message: String| ToolError::BadParameters {
+        index,
+        name: tool.name.clone(),
+        message,
+    };
+    let any_object = || json!({"type": "object"});
+    if tool.parameters.trim().is_empty() {
+        return Ok(any_object());
+    }
+    let value: Value =
+        serde_json::from_str(&tool.parameters).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let Value::Object(map) = &value else {
+        return Err(bad("must be a JSON Schema object".into()));
+    };
+    if map.is_empty() {
+        return Ok(any_object());
+    }
+    match Schema::compile(&tool.parameters) {
+        Ok(_) => Ok(value),
+        Err(e) if tool.strict => Err(bad(e.to_string())),
+        Err(_) => Ok(any_object()),
+    }
+}
+
+/// The schema of one call: an object whose `name` picks the tool and whose
+/// `arguments` follow that tool's parameters. Each tool's schema goes under `$defs`,
+/// with its own `$ref`s rewritten to point there.
+fn call_schema<'a>(tools: impl Iterator<Item = (&'a str, Value)>) -> Value {
+    let mut defs = Map::new();
+    let mut alternatives = Vec::new();
+    for (i, (name, mut params)) in tools.enumerate() {
+        let def = format!("tool{i}");
+        rebase_refs(&mut params, &format!("#/$defs/{def}"));
+        defs.insert(def.clone(), params);
+        alternatives.push(json!({
+            "type": "object",
+            "properties": {
+                "name": {"const": name},
+                "arguments": {"$ref": format!("#/$defs/{def}")},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        }));
+    }
+    let mut root = if alternatives.len() == 1 {
+        alternatives.pop().unwrap_or_default()
+    } else {
+        json!({"anyOf": alternatives})
+    };
+    if let Value::Object(root) = &mut root {
+        root.insert("$defs".into(), Value::Object(defs));
+    }
+    root
+}
+
+/// Rewrites the document-local `$ref`s of a schema that moves to `base` (a JSON
+/// pointer fragment such as `#/$defs/tool0`): `#/x` becomes `base/x`.
+fn rebase_refs(schema: &mut Value, base: &str) {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match value {
+                    Value::String(target) if key == "$ref" => {
+                        if let Some(rest) = target.strip_prefix('#') {
+                            *target = format!("{base}{rest}");
+                        }
+                    }
+                    _ => rebase_refs(value, base),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rebase_refs(v, base)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

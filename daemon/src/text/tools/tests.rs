@@ -1,0 +1,226 @@
+use serde_json::json;
+use spark_client::protocol::{ToolCall, ToolChatMessage, ToolChoice, ToolSpec};
+
+use super::prompt::{template_inputs, TemplateInputs, TemplateTools};
+use super::*;
+use crate::text::constraint::JsonConstraint;
+
+fn tool(name: &str, parameters: serde_json::Value, strict: bool) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: format!("the {name} tool"),
+        parameters: parameters.to_string(),
+        strict,
+    }
+}
+
+fn accepts(set: &ToolSet, text: &str) -> bool {
+    let mut c = JsonConstraint::after_whitespace(set.schema.clone());
+    c.accept_prefix(text.as_bytes()) && c.is_done()
+}
+
+#[test]
+fn names_follow_openai_rules_and_are_unique() {
+    let ok = tool("a-b_9", json!({}), false);
+    assert!(ToolSet::prepare(std::slice::from_ref(&ok), &ToolChoice::Auto, true).is_ok());
+    for bad in ["", "has space", "ü", &"x".repeat(65)] {
+        let err =
+            ToolSet::prepare(&[tool(bad, json!({}), false)], &ToolChoice::Auto, true).unwrap_err();
+        assert!(
+            matches!(err, ToolError::BadName { index: 0, .. }),
+            "{bad}: {err}"
+        );
+    }
+    let err = ToolSet::prepare(&[ok.clone(), ok], &ToolChoice::Auto, true).unwrap_err();
+    assert_eq!(err.to_string(), "tools[1].name: `a-b_9` is offered twice");
+}
+
+#[test]
+fn choices_decide_whether_and_what_may_be_called() {
+    let tools = [
+        tool("a", json!({"type": "object"}), false),
+        tool("b", json!({"type": "object"}), false),
+    ];
+    assert!(ToolSet::prepare(&tools, &ToolChoice::None, true)
+        .unwrap()
+        .is_none());
+    assert!(ToolSet::prepare(&[], &ToolChoice::Auto, true)
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        ToolSet::prepare(&[], &ToolChoice::Required, true).unwrap_err(),
+        ToolError::NothingToCall
+    );
+    assert_eq!(
+        ToolSet::prepare(&tools, &ToolChoice::Function("c".into()), true).unwrap_err(),
+        ToolError::UnknownChoice("c".into())
+    );
+    let auto = ToolSet::prepare(&tools, &ToolChoice::Auto, true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(auto.mode, CallMode::Auto);
+    assert!(accepts(&auto, r#"{"name": "a", "arguments": {}}"#));
+    assert!(accepts(&auto, r#"{"name": "b", "arguments": {"x": 1}}"#));
+    assert!(!accepts(&auto, r#"{"name": "c", "arguments": {}}"#));
+    let named = ToolSet::prepare(&tools, &ToolChoice::Function("b".into()), false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(named.mode, CallMode::Forced);
+    assert!(!named.parallel);
+    assert!(accepts(&named, r#"{"name": "b", "arguments": {}}"#));
+    assert!(!accepts(&named, r#"{"name": "a", "arguments": {}}"#));
+}
+
+#[test]
+fn arguments_follow_each_tools_schema_refs_included() {
+    // A Pydantic-style schema: its `$ref`s point into its own `$defs`.
+    let order = json!({
+        "type": "object",
+        "$defs": {"Size": {"enum": ["S", "M", "L"]}},
+        "properties": {"size": {"$ref": "#/$defs/Size"}, "count": {"type": "integer", "minimum": 1}},
+        "required": ["size", "count"],
+        "additionalProperties": false,
+    });
+    let tools = [
+        tool("order", order, true),
+        tool("ping", json!({"type": "object", "properties": {}}), false),
+    ];
+    let set = ToolSet::prepare(&tools, &ToolChoice::Auto, true)
+        .unwrap()
+        .unwrap();
+    assert!(accepts(
+        &set,
+        r#"{"name": "order", "arguments": {"size": "M", "count": 2}}"#
+    ));
+    assert!(!accepts(
+        &set,
+        r#"{"name": "order", "arguments": {"size": "XL", "count": 2}}"#
+    ));
+    assert!(!accepts(
+        &set,
+        r#"{"name": "order", "arguments": {"size": "M", "count": 0}}"#
+    ));
+    assert!(accepts(&set, r#"{"name": "ping", "arguments": {}}"#));
+    assert!(
+        accepts(&set, "\n  {\"name\": \"ping\", \"arguments\": {}}"),
+        "a newline after the tag"
+    );
+}
+
+#[test]
+fn an_unenforceable_schema_is_refused_only_for_strict_tools() {
+    let pattern = json!({"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}});
+    let err =
+        ToolSet::prepare(&[tool("f", pattern.clone(), true)], &ToolChoice::Auto, true).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.starts_with("tools[0] (`f`).parameters: JSON schema at #/properties/zip"),
+        "{message}"
+    );
+    assert!(message.contains("pattern"), "{message}");
+    // Not strict: any object, as OpenAI does not hold such tools to their schemas.
+    let loose = ToolSet::prepare(&[tool("f", pattern, false)], &ToolChoice::Auto, true)
+        .unwrap()
+        .unwrap();
+    assert!(accepts(
+        &loose,
+        r#"{"name": "f", "arguments": {"zip": "abc", "n": [1]}}"#
+    ));
+    assert!(!accepts(&loose, r#"{"name": "f", "arguments": 3}"#));
+    for bad in ["[1]", "{not json"] {
+        let spec = ToolSpec {
+            parameters: bad.into(),
+            ..tool("f", json!({}), false)
+        };
+        assert!(matches!(
+            ToolSet::prepare(&[spec], &ToolChoice::Auto, true),
+            Err(ToolError::BadParameters { .. })
+        ));
+    }
+}
+
+fn history() -> Vec<ToolChatMessage> {
+    vec![
+        ToolChatMessage::new("system", "Be brief."),
+        ToolChatMessage::new("user", "Weather in Oslo?"),
+        ToolChatMessage {
+            role: "assistant".into(),
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Oslo"}"#.into(),
+            }],
+            tool_call_id: None,
+        },
+        ToolChatMessage {
+            tool_call_id: Some("call_1".into()),
+            ..ToolChatMessage::new("tool", "4 °C, rain")
+        },
+        ToolChatMessage {
+            tool_call_id: Some("call_2".into()),
+            ..ToolChatMessage::new("tool", "wind 5 m/s")
+        },
+    ]
+}
+
+#[test]
+fn native_templates_get_tools_and_calls_as_data() {
+    let tools = [tool("get_weather", json!({"type": "object"}), false)];
+    let TemplateInputs { messages, tools } =
+        template_inputs(TemplateTools::Native, &history(), &tools, true);
+    assert_eq!(
+        tools.unwrap()[0],
+        json!({"type": "function", "function": {"name": "get_weather", "description": "the get_weather tool", "parameters": {"type": "object"}}})
+    );
+    assert_eq!(
+        messages[2],
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]})
+    );
+    assert_eq!(
+        messages[3],
+        json!({"role": "tool", "content": "4 °C, rain", "tool_call_id": "call_1"})
+    );
+}
+
+#[test]
+fn other_templates_get_the_tools_described_and_calls_written_out() {
+    let tools = [tool("get_weather", json!({"type": "object"}), false)];
+    let TemplateInputs {
+        messages,
+        tools: none,
+    } = template_inputs(TemplateTools::Described, &history(), &tools, true);
+    assert!(none.is_none());
+    let system = messages[0]["content"].as_str().unwrap();
+    assert!(system.starts_with("Be brief.\n\n# Tools"), "{system}");
+    assert!(system.contains(r#"{"type":"function","function":{"name":"get_weather""#));
+    assert!(system.contains("<tool_call>\n{\"name\": <function-name>"));
+    assert_eq!(
+        messages[2],
+        json!({"role": "assistant", "content": "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>"})
+    );
+    assert_eq!(
+        messages[3],
+        json!({"role": "user", "content": "<tool_response>\n4 °C, rain\n</tool_response>\n<tool_response>\nwind 5 m/s\n</tool_response>"})
+    );
+    assert_eq!(messages.len(), 4);
+    // Hidden tools (`tool_choice: none`): no description, the history still written.
+    let hidden = template_inputs(TemplateTools::Described, &history(), &tools, false);
+    assert_eq!(
+        hidden.messages[0],
+        json!({"role": "system", "content": "Be brief."})
+    );
+    assert_eq!(hidden.messages[2], messages[2]);
+}
+
+#[test]
+fn templates_are_told_apart_by_their_call_syntax() {
+    assert_eq!(
+        TemplateTools::of_template("{% if tools %}<tool_call>{% endif %}"),
+        TemplateTools::Native
+    );
+    assert_eq!(
+        TemplateTools::of_template("{% for m in messages %}{{ m.content }}{% endfor %}"),
+        TemplateTools::Described
+    );
+}

@@ -1,0 +1,349 @@
+//! Finds the tool calls in a generation's bytes as they are written.
+//!
+//! The watcher sits between the sampled tokens and the text stream. Text passes through,
+//! except bytes that may begin an opening tag, held back until it is clear they do not.
+//! Once a whole `<tool_call>` is written, the call's JSON is held to the call schema by
+//! [`CallWatcher::constraint`] (the sampler masks with it), and its bytes are kept out
+//! of the text; when the object closes it becomes a [`ToolCall`]. The closing tag and
+//! the whitespace around it are dropped, then text (or another call) may follow.
+
+use spark_client::protocol::ToolCall;
+
+use super::{CallMode, ToolSet, CALL_CLOSE, CALL_OPEN};
+use crate::text::constraint::JsonConstraint;
+
+/// What one token's bytes made of the answer.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Watched {
+    /// Bytes of the answer's text.
+    pub text: Vec<u8>,
+    /// Calls completed by these bytes, in order.
+    pub calls: Vec<ToolCall>,
+    /// No more may be written: the generation ends here.
+    pub end: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Text; `held` bytes may begin an opening tag.
+    Text,
+    /// Inside a call, after its opening tag: the JSON is constrained.
+    Call,
+    /// After a call's object: whitespace and the closing tag (`matched` bytes of it so
+    /// far) are dropped.
+    AfterCall { matched: usize },
+    /// Nothing more is taken.
+    Ended,
+}
+
+/// One generation's tool calls.
+#[derive(Debug)]
+pub struct CallWatcher {
+    tools: ToolSet,
+    state: State,
+    held: Vec<u8>,
+    /// The current call's bytes: its opening tag as written (empty when the prompt
+    /// wrote it), then its JSON.
+    tag: Vec<u8>,
+    json: Vec<u8>,
+    constraint: Option<JsonConstraint>,
+    calls: u32,
+}
+
+impl CallWatcher {
+    pub fn new(tools: ToolSet) -> Self {
+        let mut watcher = Self {
+            tools,
+            state: State::Text,
+            held: Vec::new(),
+            tag: Vec::new(),
+            json: Vec::new(),
+            constraint: None,
+            calls: 0,
+        };
+        if watcher.tools.mode == CallMode::Forced {
+            // The prompt ends with the opening tag.
+            watcher.open_call();
+        }
+        watcher
+    }
+
+    /// The constraint the next token must satisfy: set while a call is written.
+    pub fn constraint(&mut self) -> Option<&mut JsonConstraint> {
+        self.constraint.as_mut()
+    }
+
+    /// Whether the next token is free (no call's JSON is being written).
+    pub fn is_free(&self) -> bool {
+        self.constraint.is_none()
+    }
+
+    /// How many calls have been made.
+    pub fn calls(&self) -> u32 {
+        self.calls
+    }
+
+    /// Takes one token's bytes.
+    pub fn push(&mut self, bytes: &[u8]) -> Watched {
+        let mut out = Watched::default();
+        for &b in bytes {
+            self.byte(b, &mut out);
+        }
+        out.end = self.state == State::Ended;
+        out
+    }
+
+    /// The generation ended (for any reason): bytes held back, and an unfinished call
+    /// as the text it was, so nothing written is lost.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut text = std::mem::take(&mut self.held);
+        if self.state == State::Call {
+            text.append(&mut self.tag);
+            text.append(&mut self.json);
+            self.constraint = None;
+        }
+        self.state = State::Ended;
+        text
+    }
+
+    fn byte(&mut self, b: u8, out: &mut Watched) {
+        match self.state {
+            State::Ended => {}
+            State::Text => self.text_byte(b, out),
+            State::Call => self.call_byte(b, out),
+            State::AfterCall { matched } => {
+                let close = CALL_CLOSE.as_bytes();
+                if matched < close.len() && close[matched] == b {
+                    self.state = State::AfterCall {
+                        matched: matched + 1,
+                    };
+                } else if (matched == 0 || matched == close.len()) && b.is_ascii_whitespace() {
+                    // Around the closing tag.
+                } else {
+                    // Something else follows the call: text again.
+                    self.state = State::Text;
+                    self.text_byte(b, out);
+                }
+            }
+        }
+    }
+
+    fn text_byte(&mut self, b: u8, out: &mut Watched) {
+        self.held.push(b);
+        let open = CALL_OPEN.as_bytes();
+        if self.held == open {
+            self.tag = std::mem::take(&mut self.held);
+            self.open_call();
+            return;
+        }
+        // Keep the shortest tail that may still begin the tag; the rest is text.
+        let keep_from = (0..self.held.len())
+            .find(|&k| open.starts_with(&self.held[k..]))
+            .unwrap_or(self.held.len());
+        out.text.extend(self.held.drain(..keep_from));
+    }
+
+    fn open_call(&mut self) {
+        self.json.clear();
+        self.constraint = Some(JsonConstraint::after_whitespace(self.tools.schema.clone()));
+        self.state = State::Call;
+    }
+
+    fn call_byte(&mut self, b: u8, out: &mut Watched) {
+        let Some(constraint) = &mut self.constraint else {
+            return;
+        };
+        self.json.push(b);
+        if !constraint.accept_prefix(&[b]) {
+            // Only bytes written before the constraint took over (the rest of the
+            // token that ended the tag) can be refused: this was no call after all.
+            out.text.extend(self.finish_as_text());
+            return;
+        }
+        if !constraint.is_done() {
+            return;
+        }
+        self.constraint = None;
+        match parse_call(&self.json) {
+            Some(call) => {
+                self.calls += 1;
+                out.calls.push(call);
+                self.tag.clear();
+                self.json.clear();
+                // A forced answer is one call and no text; otherwise more calls (or
+                // text) may follow when parallel calls are allowed.
+                self.state = if self.tools.parallel && self.tools.mode == CallMode::Auto {
+                    State::AfterCall { matched: 0 }
+                } else {
+                    State::Ended
+                };
+            }
+            None => out.text.extend(self.finish_as_text()),
+        }
+    }
+
+    /// The current call's bytes, given back as text; the watcher reads text again.
+    fn finish_as_text(&mut self) -> Vec<u8> {
+        let mut text = std::mem::take(&mut self.tag);
+        text.append(&mut self.json);
+        self.constraint = None;
+        self.state = State::Text;
+        text
+    }
+}
+
+/// A complete call object: its tool's name and its arguments (compact JSON, in the
+/// order written).
+fn parse_call(json: &[u8]) -> Option<ToolCall> {
+    let value: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let name = value.get("name")?.as_str()?.to_string();
+    let arguments = value.get("arguments").filter(|a| a.is_object())?;
+    Some(ToolCall {
+        id: new_call_id(),
+        name,
+        arguments: arguments.to_string(),
+    })
+}
+
+/// `call_` and 24 random letters and digits, as OpenAI's ids look.
+fn new_call_id() -> String {
+    use rand::distributions::{Alphanumeric, DistString};
+    format!(
+        "call_{}",
+        Alphanumeric.sample_string(&mut rand::thread_rng(), 24)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use spark_client::protocol::{ToolChoice, ToolSpec};
+
+    fn tools(choice: ToolChoice, parallel: bool) -> ToolSet {
+        let weather = ToolSpec {
+            name: "get_weather".into(),
+            description: "Weather in a city".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            })
+            .to_string(),
+            strict: false,
+        };
+        let time = ToolSpec {
+            name: "get_time".into(),
+            description: String::new(),
+            parameters: String::new(),
+            strict: false,
+        };
+        ToolSet::prepare(&[weather, time], &choice, parallel)
+            .unwrap()
+            .unwrap()
+    }
+
+    /// Feeds `text` in pieces of `step` bytes; the text, the calls and whether it ended.
+    fn run(watcher: &mut CallWatcher, text: &str, step: usize) -> (String, Vec<ToolCall>, bool) {
+        let (mut bytes, mut calls, mut end) = (Vec::new(), Vec::new(), false);
+        for piece in text.as_bytes().chunks(step) {
+            let w = watcher.push(piece);
+            bytes.extend(w.text);
+            calls.extend(w.calls);
+            end |= w.end;
+        }
+        if !end {
+            bytes.extend(watcher.finish());
+        }
+        (String::from_utf8(bytes).unwrap(), calls, end)
+    }
+
+    #[test]
+    fn text_without_calls_passes_through_whole() {
+        for step in [1, 3, 64] {
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+            let text = "a < b, <tool and <tool_cal> are not tags; x<";
+            let (out, calls, end) = run(&mut w, text, step);
+            assert_eq!(out, text);
+            assert!(calls.is_empty() && !end);
+        }
+    }
+
+    #[test]
+    fn calls_are_taken_out_of_the_text_at_any_token_split() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        for step in 1..=12 {
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+            let (out, calls, end) = run(&mut w, text, step);
+            assert_eq!(out, "Let me check.\n", "step {step}");
+            assert!(!end);
+            assert_eq!(calls.len(), 2);
+            assert_eq!(calls[0].name, "get_weather");
+            assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
+            assert_eq!(calls[1].name, "get_time");
+            assert_eq!(calls[1].arguments, "{}");
+            assert!(calls[0].id.starts_with("call_") && calls[0].id.len() == 29);
+            assert_ne!(calls[0].id, calls[1].id);
+        }
+    }
+
+    #[test]
+    fn the_constraint_holds_only_while_a_call_is_written() {
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        assert!(w.is_free());
+        w.push(b"Hi <tool_");
+        assert!(w.is_free());
+        w.push(b"call>");
+        assert!(!w.is_free(), "armed once the tag is whole");
+        w.push(br#"{"name": "get_time", "arguments": {}"#);
+        assert!(!w.is_free());
+        let done = w.push(b"}");
+        assert_eq!(done.calls.len(), 1);
+        assert!(w.is_free());
+    }
+
+    #[test]
+    fn a_forced_call_starts_at_once_and_ends_the_answer() {
+        let mut w = CallWatcher::new(tools(ToolChoice::Required, true));
+        assert!(!w.is_free(), "the prompt wrote the tag");
+        let (out, calls, end) = run(
+            &mut w,
+            "\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+            5,
+        );
+        assert!(end);
+        assert_eq!(out, "");
+        assert_eq!(calls.len(), 1);
+    }
+
+    #[test]
+    fn a_call_that_is_cut_short_is_given_back_as_text() {
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        let text = "<tool_call>\n{\"name\": \"get_weather\", \"argu";
+        let (out, calls, _) = run(&mut w, text, 4);
+        assert_eq!(out, text);
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn a_tag_followed_by_what_no_call_begins_with_is_text() {
+        // The rest of the tag's token is refused by the call schema: no call.
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        let (out, calls, _) = run(&mut w, "<tool_call>oops, a tag", 64);
+        assert_eq!(out, "<tool_call>oops, a tag");
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn calls_are_held_to_the_offered_tools() {
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        w.push(b"<tool_call>");
+        let c = w.constraint().unwrap();
+        assert!(c.accept_prefix(br#"{"name": "get_"#));
+        let mut refused = c.clone();
+        assert!(!refused.accept_prefix(b"x"), "no tool is named get_x");
+        let mut missing_city = c.clone();
+        assert!(missing_city.accept_prefix(br#"weather", "arguments": {"#));
+        assert!(!missing_city.accept_prefix(b"}"), "city is required");
+    }
+}
