@@ -54,6 +54,8 @@ async fn main() -> anyhow::Result<()> {
                 stdout.write_all(token.text.as_bytes())?;
                 stdout.flush()?;
             }
+            // Only requests that offer tools (`PromptInput::ChatWithTools`) get calls.
+            GenerationEvent::ToolCall(_) => {}
             GenerationEvent::Done(done) => {
                 println!();
                 eprintln!(

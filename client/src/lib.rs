@@ -20,6 +20,7 @@
 //!     match event? {
 //!         GenerationEvent::Prefilled(p) => eprintln!("{} prompt tokens cached", p.cached_tokens),
 //!         GenerationEvent::Token(token) => print!("{}", token.text),
+//!         GenerationEvent::ToolCall(c) => println!("\n{}({})", c.call.name, c.call.arguments),
 //!         GenerationEvent::Done(done) => println!("\n{:?}", done.finish_reason),
 //!     }
 //! }

@@ -203,6 +203,168 @@ def test_a_schema_sparkd_cannot_enforce_is_a_400():
         raise AssertionError("a schema with `pattern` was accepted")
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city, e.g. Paris"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+# Room for a call's arguments; the daemon holds them to the tool's schema.
+TOOL_MAX_TOKENS = 200
+
+
+def cut_short(finish_reason, what):
+    """A synthetic model (random weights) may ramble past the budget inside the
+    arguments; the default model must not. True when the check should stop here."""
+    if finish_reason != "length":
+        return False
+    assert "smollm2" not in model_id(), f"the default model did not finish {what}"
+    return True
+
+
+def check_weather_call(call):
+    assert call.type == "function", call
+    assert call.id, call
+    assert call.function.name == "get_weather", call
+    arguments = json.loads(call.function.arguments)
+    assert isinstance(arguments, dict), call.function.arguments
+    assert isinstance(arguments.get("city"), str), call.function.arguments
+    assert arguments.get("unit", "celsius") in ("celsius", "fahrenheit"), call.function.arguments
+
+
+def required_weather_call():
+    """(a) A required call of get_weather, cached for the follow-up turn."""
+    if "weather" not in state:
+        state["weather"] = client.chat.completions.create(
+            model=model_id(),
+            messages=WEATHER_QUESTION,
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            # One call, whatever the model would like: "exactly one" is then a rule.
+            parallel_tool_calls=False,
+            max_tokens=TOOL_MAX_TOKENS,
+            temperature=0,
+        )
+    return state["weather"]
+
+
+def test_a_required_tool_call():
+    response = required_weather_call()
+    choice = response.choices[0]
+    if cut_short(choice.finish_reason, "its call"):
+        return
+    assert choice.finish_reason == "tool_calls", choice.finish_reason
+    assert choice.message.content is None, choice.message.content
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1, calls
+    check_weather_call(calls[0])
+    assert 0 < response.usage.completion_tokens <= TOOL_MAX_TOKENS, response.usage
+
+
+def test_a_streamed_tool_call():
+    stream = client.chat.completions.create(
+        model=model_id(),
+        messages=WEATHER_QUESTION,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=TOOL_MAX_TOKENS,
+        temperature=0,
+        stream=True,
+    )
+    # As OpenAI's function-calling guide accumulates a stream's calls.
+    final_tool_calls = {}
+    finish_reasons = []
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        for tool_call in chunk.choices[0].delta.tool_calls or []:
+            index = tool_call.index
+            if index not in final_tool_calls:
+                final_tool_calls[index] = tool_call
+            final_tool_calls[index].function.arguments += tool_call.function.arguments
+        if chunk.choices[0].finish_reason:
+            finish_reasons.append(chunk.choices[0].finish_reason)
+    assert len(finish_reasons) == 1, finish_reasons
+    if cut_short(finish_reasons[0], "its streamed call"):
+        return
+    assert finish_reasons == ["tool_calls"], finish_reasons
+    assert list(final_tool_calls) == [0], final_tool_calls
+    check_weather_call(final_tool_calls[0])
+
+    # The SDK's own stream helper puts the same call together.
+    with client.chat.completions.stream(
+        model=model_id(),
+        messages=WEATHER_QUESTION,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=TOOL_MAX_TOKENS,
+        temperature=0,
+    ) as helper:
+        final = helper.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert calls is not None and len(calls) == 1, calls
+    check_weather_call(calls[0])
+
+
+def test_a_named_tool_choice():
+    response = client.chat.completions.create(
+        model=model_id(),
+        messages=WEATHER_QUESTION,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=TOOL_MAX_TOKENS,
+        temperature=0,
+    )
+    choice = response.choices[0]
+    if cut_short(choice.finish_reason, "its call"):
+        return
+    assert choice.finish_reason == "tool_calls", choice.finish_reason
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1, calls
+    check_weather_call(calls[0])
+
+
+def test_a_tool_result_gets_a_text_answer():
+    first = required_weather_call()
+    message = first.choices[0].message
+    if not message.tool_calls:
+        # Only a synthetic model runs out of budget before its call (checked above).
+        assert "smollm2" not in model_id(), "no call to answer"
+        return
+    call = message.tool_calls[0]
+    response = client.chat.completions.create(
+        model=model_id(),
+        messages=WEATHER_QUESTION
+        + [
+            # As the SDK docs do: the assistant message as it came back.
+            message,
+            {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees celsius."},
+        ],
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason in ("stop", "length"), choice.finish_reason
+    assert not choice.message.tool_calls, choice.message.tool_calls
+    assert choice.message.content and choice.message.content.strip(), "empty reply"
+    check_usage(response.usage, "tool result")
+
+
 def test_invalid_request_is_a_400():
     try:
         client.chat.completions.create(
@@ -225,6 +387,10 @@ TESTS = [
     test_structured_output_parses_into_a_pydantic_model,
     test_a_schema_sparkd_cannot_enforce_is_a_400,
     test_invalid_request_is_a_400,
+    test_a_required_tool_call,
+    test_a_streamed_tool_call,
+    test_a_named_tool_choice,
+    test_a_tool_result_gets_a_text_answer,
 ]
 
 

@@ -5,7 +5,7 @@ use futures::stream::BoxStream;
 
 use crate::protocol::{
     CacheReport, DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo,
-    OutputFormat, PrefillEvent, StatusReport, TokenEvent,
+    OutputFormat, PrefillEvent, StatusReport, TokenEvent, ToolCallEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -15,6 +15,8 @@ pub enum BackendEvent {
     /// than protocol 1.2 never send it.
     Prefilled(PrefillEvent),
     Token(TokenEvent),
+    /// A function call the model made (requests with tools only).
+    ToolCall(ToolCallEvent),
     /// Always the last event of a generation that was admitted.
     Done(DoneEvent),
 }

@@ -105,6 +105,7 @@ fn backend_event(event: GenerationEvent) -> BackendEvent {
     match event {
         GenerationEvent::Prefilled(prefill) => BackendEvent::Prefilled(prefill),
         GenerationEvent::Token(token) => BackendEvent::Token(token),
+        GenerationEvent::ToolCall(call) => BackendEvent::ToolCall(call),
         GenerationEvent::Done(done) => BackendEvent::Done(done),
     }
 }

@@ -50,7 +50,8 @@ impl ApiError {
         }
     }
 
-    /// A 400 for a field this shim does not implement (e.g. `n` > 1, tools).
+    /// A 400 for a field this shim does not implement (e.g. `n` > 1, content parts of
+    /// other types).
     pub fn unsupported(param: &str, message: impl Into<String>) -> Self {
         Self {
             code: Some("unsupported_value"),

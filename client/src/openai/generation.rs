@@ -17,11 +17,11 @@ use super::backend::{BackendError, BackendEvent, EventStream};
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::response::{
-    finish_reason, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs,
-    ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta, TextChoice,
-    TextCompletion, Usage,
+    chat_finish_reason, finish_reason, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion,
+    ChatLogprobs, ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta, TextChoice,
+    TextCompletion, ToolCallDelta, Usage,
 };
-use crate::protocol::{DoneEvent, PrefillEvent, TokenEvent};
+use crate::protocol::{DoneEvent, PrefillEvent, TokenEvent, ToolCallEvent};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -106,6 +106,7 @@ pub async fn collect(
     metrics: &Metrics,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut calls = Vec::new();
     let mut chat_logprobs = ChatLogprobs::default();
     let mut completion_logprobs = CompletionLogprobs::default();
     let mut prefill = None;
@@ -125,13 +126,16 @@ pub async fn collect(
                 }
                 text.push_str(&token.text);
             }
+            // Only chat requests offer tools.
+            Some(Ok(BackendEvent::ToolCall(call))) => calls.push(call.into()),
             Some(Ok(BackendEvent::Done(done))) => break done,
             Some(Err(err)) => return Err(err.into()),
             None => return Err(closed_early()),
         }
     };
     metrics.record_done(&done, prefill.as_ref());
-    let reason = finish_reason(done.finish_reason).ok_or_else(engine_failed)?;
+    let reason =
+        chat_finish_reason(done.finish_reason, !calls.is_empty()).ok_or_else(engine_failed)?;
     let usage = Usage::from_done(&done, prefill.as_ref());
     let body = match meta.endpoint {
         Endpoint::Chat => Json(ChatCompletion {
@@ -141,11 +145,7 @@ pub async fn collect(
             model: meta.model,
             choices: vec![ChatChoice {
                 index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: text,
-                    refusal: None,
-                },
+                message: AssistantMessage::new(text, calls),
                 logprobs: meta.logprobs.then_some(chat_logprobs),
                 finish_reason: reason,
             }],
@@ -182,6 +182,7 @@ pub fn stream(
         finished: false,
         chars: 0,
         prefill: None,
+        made_calls: false,
     };
     let body = stream::unfold(state, |mut state| async move {
         let batch = state.next_batch().await?;
@@ -212,6 +213,8 @@ struct StreamState {
     chars: usize,
     /// How the daemon read the prompt, for the final usage.
     prefill: Option<PrefillEvent>,
+    /// A tool call was sent: the finish reason is then `tool_calls`.
+    made_calls: bool,
 }
 
 impl StreamState {
@@ -228,6 +231,7 @@ impl StreamState {
                 let delta = Delta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    ..Delta::default()
                 };
                 out.push(self.chat_event(delta, None, None));
             }
@@ -235,6 +239,7 @@ impl StreamState {
         match self.events.next().await {
             Some(Ok(BackendEvent::Prefilled(event))) => self.prefill = Some(event),
             Some(Ok(BackendEvent::Token(token))) => out.extend(self.token_event(&token)),
+            Some(Ok(BackendEvent::ToolCall(call))) => self.tool_call_events(call, &mut out),
             Some(Ok(BackendEvent::Done(done))) => {
                 self.finished = true;
                 self.done_events(&done, &mut out);
@@ -270,8 +275,8 @@ impl StreamState {
                     None
                 };
                 let delta = Delta {
-                    role: None,
                     content: Some(token.text.clone()),
+                    ..Delta::default()
                 };
                 Some(self.chat_event(delta, logprobs, None))
             }
@@ -286,9 +291,30 @@ impl StreamState {
         }
     }
 
+    /// A call as two chunks: its id and name, then its arguments (see
+    /// [`ToolCallDelta::pieces`]).
+    fn tool_call_events(&mut self, call: ToolCallEvent, out: &mut Vec<Event>) {
+        // Only chat requests offer tools.
+        if self.meta.endpoint != Endpoint::Chat {
+            return;
+        }
+        self.made_calls = true;
+        for piece in ToolCallDelta::pieces(call) {
+            let delta = Delta {
+                tool_calls: vec![piece],
+                ..Delta::default()
+            };
+            out.push(self.chat_event(delta, None, None));
+        }
+    }
+
     fn done_events(&mut self, done: &DoneEvent, out: &mut Vec<Event>) {
         self.metrics.record_done(done, self.prefill.as_ref());
-        let Some(reason) = finish_reason(done.finish_reason) else {
+        let reason = match self.meta.endpoint {
+            Endpoint::Chat => chat_finish_reason(done.finish_reason, self.made_calls),
+            Endpoint::Completion => finish_reason(done.finish_reason),
+        };
+        let Some(reason) = reason else {
             out.push(self.error_event(engine_failed()));
             return;
         };

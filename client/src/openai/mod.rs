@@ -16,6 +16,7 @@ mod request;
 mod response;
 mod routes;
 mod server;
+mod tools;
 mod web;
 
 pub use args::ServeOpenAiArgs;
@@ -23,6 +24,7 @@ pub use backend::{Backend, BackendError, BackendEvent, EventStream};
 pub use daemon_backend::DaemonBackend;
 pub use proxy::{Proxy, ProxyError, ProxySettings, SpecError, UpstreamSpec};
 pub use server::{bind, router, serve, RouterOptions, ServeError, DEFAULT_MAX_BODY_BYTES};
+pub use tools::{choice_by_word, tools_from_json, ToolError};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

@@ -12,7 +12,11 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
-use crate::protocol::{ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams};
+use super::tools::{self, ToolCallIn, ToolError, ToolIn};
+use crate::protocol::{
+    ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams, ToolChatMessage,
+    ToolChoice, ToolSpec,
+};
 
 /// The daemon's cap on alternatives per token.
 const MAX_TOP_LOGPROBS: u32 = 20;
@@ -78,7 +82,10 @@ struct ChatFields {
     messages: Vec<MessageIn>,
     logprobs: Option<bool>,
     top_logprobs: Option<u32>,
-    tools: Option<Vec<Value>>,
+    tools: Option<Vec<ToolIn>>,
+    /// Checked by hand: a string or an object, with its own messages.
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     response_format: Option<ResponseFormat>,
 }
 
@@ -86,6 +93,10 @@ struct ChatFields {
 struct MessageIn {
     role: String,
     content: Option<Content>,
+    /// An assistant message's calls (earlier turns).
+    tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` message's answer to a call.
+    tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,14 +181,13 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
     let common: CommonFields = from_value(&value)?;
     let chat: ChatFields = from_value(&value)?;
 
-    if let Some(tools) = &chat.tools {
-        if !tools.is_empty() {
-            return Err(ApiError::unsupported(
-                "tools",
-                "tool calling is not supported",
-            ));
-        }
-    }
+    let tools = tools::tool_specs(chat.tools.unwrap_or_default()).map_err(tool_error)?;
+    let choice = chat
+        .tool_choice
+        .filter(|c| !c.is_null())
+        .map(|c| tools::tool_choice(&c, &tools))
+        .transpose()
+        .map_err(tool_error)?;
     let format = match chat.response_format {
         None => OutputFormat::Text,
         Some(format) => output_format(format)?,
@@ -204,7 +214,54 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
         .enumerate()
         .map(|(i, m)| chat_message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
-    build(common, PromptInput::Chat { messages }, logprobs, format)
+    let input = if uses_tools(&tools, &messages) {
+        if format != OutputFormat::Text {
+            return Err(ApiError::unsupported(
+                "response_format",
+                "response_format must be 'text' when tools are used",
+            ));
+        }
+        // Without tools (a conversation that only mentions earlier calls) there is
+        // nothing to call.
+        let default = if tools.is_empty() {
+            ToolChoice::None
+        } else {
+            ToolChoice::Auto
+        };
+        PromptInput::ChatWithTools {
+            messages,
+            tools,
+            choice: choice.unwrap_or(default),
+            parallel: chat.parallel_tool_calls.unwrap_or(true),
+        }
+    } else {
+        // Plain chats stay `Chat`, which daemons older than protocol 1.5 understand.
+        PromptInput::Chat {
+            messages: messages.into_iter().map(plain_message).collect(),
+        }
+    };
+    build(common, input, logprobs, format)
+}
+
+fn tool_error(err: ToolError) -> ApiError {
+    ApiError::invalid(err.param, err.message)
+}
+
+/// Whether the request needs `PromptInput::ChatWithTools`: tools to offer, or a
+/// conversation that holds calls or their results.
+fn uses_tools(tools: &[ToolSpec], messages: &[ToolChatMessage]) -> bool {
+    !tools.is_empty()
+        || messages
+            .iter()
+            .any(|m| !m.tool_calls.is_empty() || m.role == "tool")
+}
+
+/// A message without tool parts as `Chat` has it: no content is empty content.
+fn plain_message(message: ToolChatMessage) -> ChatMessage {
+    ChatMessage {
+        role: message.role,
+        content: message.content.unwrap_or_default(),
+    }
 }
 
 /// Parses and validates a `/v1/completions` body. The prompt is used raw (no template).
@@ -263,18 +320,7 @@ fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
 /// Deserialises with the failing field's path as OpenAI's `param`.
 fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|err| {
-        let path = err.path().to_string();
-        let message = err.into_inner().to_string();
-        // serde reports a missing field at its parent's path; name the field itself.
-        let missing = message
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split_once('`'))
-            .map(|(field, _)| field);
-        let param = match (path.as_str(), missing) {
-            (".", Some(field)) => field.to_string(),
-            (_, Some(field)) => format!("{path}.{field}"),
-            (_, None) => path,
-        };
+        let (param, message) = failing_field(err);
         if param == "." {
             ApiError::invalid(None, message)
         } else {
@@ -284,6 +330,25 @@ fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
             )
         }
     })
+}
+
+/// The path of the field a deserialisation failed at (`.` for the whole value), and why.
+pub(super) fn failing_field(
+    err: serde_path_to_error::Error<serde_json::Error>,
+) -> (String, String) {
+    let path = err.path().to_string();
+    let message = err.into_inner().to_string();
+    // serde reports a missing field at its parent's path; name the field itself.
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(field, _)| field);
+    let param = match (path.as_str(), missing) {
+        (".", Some(field)) => field.to_string(),
+        (_, Some(field)) => format!("{path}.{field}"),
+        (_, None) => path,
+    };
+    (param, message)
 }
 
 fn top_logprobs(n: u32, param: &str) -> Result<u8, ApiError> {
@@ -297,8 +362,45 @@ fn top_logprobs(n: u32, param: &str) -> Result<u8, ApiError> {
     Ok(n as u8)
 }
 
-fn chat_message(index: usize, message: MessageIn) -> Result<ChatMessage, ApiError> {
-    let role = match message.role.as_str() {
+fn chat_message(index: usize, message: MessageIn) -> Result<ToolChatMessage, ApiError> {
+    let role = message_role(index, &message.role)?;
+    let tool_calls = match message.tool_calls {
+        Some(calls) if !calls.is_empty() => {
+            if role != "assistant" {
+                return Err(ApiError::invalid(
+                    format!("messages[{index}].tool_calls"),
+                    "only assistant messages carry tool_calls",
+                ));
+            }
+            tools::tool_calls(index, calls).map_err(tool_error)?
+        }
+        _ => Vec::new(),
+    };
+    let tool_call_id = if role == "tool" {
+        let id = message.tool_call_id.ok_or_else(|| {
+            ApiError::invalid(
+                format!("messages[{index}].tool_call_id"),
+                "a tool message needs the tool_call_id of the call it answers",
+            )
+        })?;
+        Some(id)
+    } else {
+        None
+    };
+    Ok(ToolChatMessage {
+        role,
+        // Assistant messages that only carried tool calls have no content.
+        content: message
+            .content
+            .map(|c| content_text(index, c))
+            .transpose()?,
+        tool_calls,
+        tool_call_id,
+    })
+}
+
+fn message_role(index: usize, role: &str) -> Result<String, ApiError> {
+    Ok(match role {
         // OpenAI's newer name for the system role; chat templates only know `system`.
         "developer" => "system".to_string(),
         "" => {
@@ -308,35 +410,35 @@ fn chat_message(index: usize, message: MessageIn) -> Result<ChatMessage, ApiErro
             ))
         }
         other => other.to_string(),
+    })
+}
+
+/// A message's text: a string, or text parts joined with newlines.
+fn content_text(index: usize, content: Content) -> Result<String, ApiError> {
+    let parts = match content {
+        Content::Text(text) => return Ok(text),
+        Content::Parts(parts) => parts,
     };
-    let content = match message.content {
-        // Assistant messages that only carried tool calls have no content.
-        None => String::new(),
-        Some(Content::Text(text)) => text,
-        Some(Content::Parts(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (p, part) in parts.into_iter().enumerate() {
-                let param = format!("messages[{index}].content[{p}]");
-                match (part.kind.as_str(), part.text) {
-                    ("text", Some(text)) => texts.push(text),
-                    ("text", None) => {
-                        return Err(ApiError::invalid(
-                            format!("{param}.text"),
-                            "a text content part needs a 'text' field",
-                        ))
-                    }
-                    (other, _) => {
-                        return Err(ApiError::unsupported(
-                            &format!("{param}.type"),
-                            format!("content parts of type '{other}' are not supported"),
-                        ))
-                    }
-                }
+    let mut texts = Vec::with_capacity(parts.len());
+    for (p, part) in parts.into_iter().enumerate() {
+        let param = format!("messages[{index}].content[{p}]");
+        match (part.kind.as_str(), part.text) {
+            ("text", Some(text)) => texts.push(text),
+            ("text", None) => {
+                return Err(ApiError::invalid(
+                    format!("{param}.text"),
+                    "a text content part needs a 'text' field",
+                ))
             }
-            texts.join("\n")
+            (other, _) => {
+                return Err(ApiError::unsupported(
+                    &format!("{param}.type"),
+                    format!("content parts of type '{other}' are not supported"),
+                ))
+            }
         }
-    };
-    Ok(ChatMessage { role, content })
+    }
+    Ok(texts.join("\n"))
 }
 
 fn build(

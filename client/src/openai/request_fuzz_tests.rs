@@ -36,6 +36,15 @@ const FIELDS: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "tool_calls",
+    "tool_call_id",
+    "function",
+    "name",
+    "arguments",
+    "parameters",
+    "id",
     "response_format",
     "echo",
     "suffix",
@@ -94,6 +103,22 @@ fn valid_chat() -> Value {
     })
 }
 
+fn valid_chat_with_tools() -> Value {
+    json!({
+        "model": "m", "max_tokens": 5, "stream": true,
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "12 C"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": false,
+    })
+}
+
 fn valid_completion() -> Value {
     json!({"model": "m", "prompt": "once", "max_tokens": 5, "logprobs": 1, "stop": "."})
 }
@@ -125,9 +150,53 @@ fn assert_acceptable(parsed: &ParsedRequest) {
     assert!(g.logprobs.is_none_or(|n| u32::from(n) <= MAX_TOP_LOGPROBS));
     assert_ne!(g.max_tokens, Some(0));
     assert!(!parsed.include_usage || parsed.stream);
-    if let PromptInput::Chat { messages } = &g.input {
-        assert!(!messages.is_empty());
-        assert!(messages.iter().all(|m| !m.role.is_empty()));
+    match &g.input {
+        PromptInput::Chat { messages } => {
+            assert!(!messages.is_empty());
+            assert!(messages.iter().all(|m| !m.role.is_empty()));
+        }
+        PromptInput::ChatWithTools {
+            messages,
+            tools,
+            choice,
+            ..
+        } => {
+            assert_acceptable_tools(messages, tools, choice);
+            assert_eq!(parsed.format, OutputFormat::Text);
+        }
+        PromptInput::Raw { .. } => {}
+    }
+}
+
+/// What the daemon expects of a chat with tools (`PromptInput::ChatWithTools`).
+fn assert_acceptable_tools(messages: &[ToolChatMessage], tools: &[ToolSpec], choice: &ToolChoice) {
+    let is_object = |text: &str| serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object());
+    assert!(!messages.is_empty());
+    assert!(tools.len() <= crate::limits::MAX_TOOLS);
+    for (i, tool) in tools.iter().enumerate() {
+        assert!((1..=64).contains(&tool.name.len()), "{tool:?}");
+        assert!(tool
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+        assert!(tools[..i].iter().all(|t| t.name != tool.name), "{tools:?}");
+        assert!(
+            tool.parameters.is_empty() || is_object(&tool.parameters),
+            "{tool:?}"
+        );
+    }
+    if let ToolChoice::Function(name) = choice {
+        assert!(tools.iter().any(|t| &t.name == name), "{choice:?}");
+    }
+    for m in messages {
+        assert!(!m.role.is_empty());
+        assert!(m.tool_calls.len() <= crate::limits::MAX_TOOLS);
+        assert!(m.tool_calls.is_empty() || m.role == "assistant", "{m:?}");
+        assert!(
+            m.tool_calls.iter().all(|c| is_object(&c.arguments)),
+            "{m:?}"
+        );
+        assert_eq!(m.role == "tool", m.tool_call_id.is_some(), "{m:?}");
     }
 }
 
@@ -153,12 +222,41 @@ proptest! {
 
     #[test]
     fn valid_bodies_with_one_field_replaced_are_parsed_or_refused(
-        chat in any::<bool>(),
+        kind in 0..3u8,
         field in proptest::sample::select(FIELDS),
         value in json_value(),
     ) {
-        let mut body = if chat { valid_chat() } else { valid_completion() };
+        let mut body = match kind {
+            0 => valid_chat(),
+            1 => valid_chat_with_tools(),
+            _ => valid_completion(),
+        };
         body.as_object_mut().expect("object").insert(field.to_string(), value);
+        check(body.to_string().as_bytes());
+    }
+
+    #[test]
+    fn tool_bodies_with_one_nested_field_replaced_are_parsed_or_refused(
+        pointer in proptest::sample::select(&[
+            "/messages/1/tool_calls/0",
+            "/messages/1/tool_calls/0/function",
+            "/messages/1/tool_calls/0/function/arguments",
+            "/messages/2",
+            "/messages/2/tool_call_id",
+            "/tools/0",
+            "/tools/0/type",
+            "/tools/0/function",
+            "/tools/0/function/name",
+            "/tools/0/function/parameters",
+            "/tool_choice/function",
+            "/tool_choice/function/name",
+        ][..]),
+        value in json_value(),
+    ) {
+        let mut body = valid_chat_with_tools();
+        if let Some(slot) = body.pointer_mut(pointer) {
+            *slot = value;
+        }
         check(body.to_string().as_bytes());
     }
 
@@ -171,5 +269,11 @@ proptest! {
 #[test]
 fn the_valid_bodies_used_above_are_accepted() {
     assert_acceptable(&parse_chat(valid_chat().to_string().as_bytes()).unwrap());
+    let with_tools = parse_chat(valid_chat_with_tools().to_string().as_bytes()).unwrap();
+    assert!(matches!(
+        with_tools.generate.input,
+        PromptInput::ChatWithTools { .. }
+    ));
+    assert_acceptable(&with_tools);
     assert_acceptable(&parse_completion(valid_completion().to_string().as_bytes()).unwrap());
 }

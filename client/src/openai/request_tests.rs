@@ -1,6 +1,7 @@
 //! Tests of request parsing and validation.
 
 use super::*;
+use crate::protocol::ToolCall;
 use serde_json::json;
 
 fn chat(body: Value) -> Result<ParsedRequest, ApiError> {
@@ -197,7 +198,10 @@ fn out_of_range_values_are_refused() {
         (json!({"n": 0}), "n"),
         (json!({"logit_bias": {"abc": 1}}), "logit_bias.abc"),
         (json!({"logit_bias": {"5": 101}}), "logit_bias.5"),
-        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"tools": [{"type": "function"}]}),
+            "tools[0].function",
+        ),
         (
             json!({"response_format": {"type": "grammar", "grammar": "root ::= x"}}),
             "response_format",
@@ -351,4 +355,334 @@ fn response_format_picks_the_output_format() {
     // Completions have no response_format.
     let completion = parse_completion(br#"{"prompt": "x"}"#).unwrap();
     assert_eq!(completion.format, OutputFormat::Text);
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string"},
+                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city"]},
+        "strict": true,
+    }})
+}
+
+fn with(extra: Value) -> Value {
+    let mut body = json!({"messages": user("weather in Oslo?")});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// The parts of a `ChatWithTools` input.
+fn tools_input(parsed: ParsedRequest) -> (Vec<ToolChatMessage>, Vec<ToolSpec>, ToolChoice, bool) {
+    match parsed.generate.input {
+        PromptInput::ChatWithTools {
+            messages,
+            tools,
+            choice,
+            parallel,
+        } => (messages, tools, choice, parallel),
+        other => panic!("expected a chat with tools, got {other:?}"),
+    }
+}
+
+#[test]
+fn tools_make_a_chat_with_tools() {
+    let parsed = chat(with(json!({
+        "tools": [weather_tool(), {"type": "function", "function": {"name": "ping"}}],
+    })))
+    .unwrap();
+    assert_eq!(parsed.format, OutputFormat::Text);
+    let (messages, tools, choice, parallel) = tools_input(parsed);
+    assert_eq!(messages, [ToolChatMessage::new("user", "weather in Oslo?")]);
+    assert_eq!(
+        tools[0],
+        ToolSpec {
+            name: "get_weather".into(),
+            description: "The weather in a city".into(),
+            // Compact, in the order written.
+            parameters: r#"{"type":"object","properties":{"city":{"type":"string"},"unit":{"enum":["celsius","fahrenheit"]}},"required":["city"]}"#.into(),
+            strict: true,
+        }
+    );
+    // Only a name: no description, any object, not strict.
+    assert_eq!(
+        tools[1],
+        ToolSpec {
+            name: "ping".into(),
+            description: String::new(),
+            parameters: String::new(),
+            strict: false,
+        }
+    );
+    // OpenAI's defaults.
+    assert_eq!((choice, parallel), (ToolChoice::Auto, true));
+}
+
+#[test]
+fn tool_choice_and_parallel_calls_are_carried_over() {
+    let cases = [
+        (json!("none"), ToolChoice::None),
+        (json!("auto"), ToolChoice::Auto),
+        (json!("required"), ToolChoice::Required),
+        (
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            ToolChoice::Function("get_weather".into()),
+        ),
+        // null is no choice.
+        (Value::Null, ToolChoice::Auto),
+    ];
+    for (tool_choice, expected) in cases {
+        let body = with(json!({
+            "tools": [weather_tool()], "tool_choice": tool_choice, "parallel_tool_calls": false,
+        }));
+        let (_, _, choice, parallel) = tools_input(chat(body.clone()).unwrap());
+        assert_eq!(choice, expected, "{body}");
+        assert!(!parallel);
+    }
+}
+
+#[test]
+fn chats_without_tools_stay_plain_chats() {
+    // What older daemons understand: empty tools and a lone parallel_tool_calls change
+    // nothing.
+    for extra in [
+        json!({}),
+        json!({"tools": []}),
+        json!({"parallel_tool_calls": false}),
+        json!({"tools": null, "tool_choice": null}),
+    ] {
+        let parsed = chat(with(extra.clone())).unwrap();
+        assert_eq!(
+            parsed.generate.input,
+            PromptInput::Chat {
+                messages: vec![ChatMessage::new("user", "weather in Oslo?")]
+            },
+            "{extra}"
+        );
+    }
+}
+
+#[test]
+fn earlier_calls_and_their_results_make_a_chat_with_tools() {
+    let body = json!({"messages": [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}},
+            // Some clients leave the type out, or write an argument-less call as "".
+            {"id": "call_2", "function": {"name": "ping", "arguments": ""}},
+        ]},
+        {"role": "tool", "tool_call_id": "call_1",
+         "content": [{"type": "text", "text": "12"}, {"type": "text", "text": "C"}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "pong"},
+    ]});
+    let (messages, tools, choice, parallel) = tools_input(chat(body).unwrap());
+    // Nothing to call without tools.
+    assert!(tools.is_empty());
+    assert_eq!((choice, parallel), (ToolChoice::None, true));
+    assert_eq!(
+        messages[1],
+        ToolChatMessage {
+            role: "assistant".into(),
+            content: None,
+            tool_calls: vec![
+                ToolCall {
+                    id: "call_1".into(),
+                    name: "get_weather".into(),
+                    arguments: "{\"city\": \"Oslo\"}".into(),
+                },
+                ToolCall {
+                    id: "call_2".into(),
+                    name: "ping".into(),
+                    arguments: "{}".into(),
+                },
+            ],
+            tool_call_id: None,
+        }
+    );
+    assert_eq!(
+        messages[2],
+        ToolChatMessage {
+            tool_call_id: Some("call_1".into()),
+            ..ToolChatMessage::new("tool", "12\nC")
+        }
+    );
+    assert_eq!(messages[3].tool_call_id.as_deref(), Some("call_2"));
+    // A tool message alone is enough, and a stray tool_call_id elsewhere is dropped.
+    let body = json!({"messages": [
+        {"role": "user", "content": "x", "tool_call_id": "call_9"},
+        {"role": "tool", "tool_call_id": "call_9", "content": "y"},
+    ]});
+    let (messages, _, _, _) = tools_input(chat(body).unwrap());
+    assert_eq!(messages[0], ToolChatMessage::new("user", "x"));
+}
+
+#[test]
+fn bad_tools_are_refused_naming_the_param() {
+    let tool = |function: Value| json!({"type": "function", "function": function});
+    let many: Vec<Value> = (0..129)
+        .map(|i| tool(json!({"name": format!("f{i}")})))
+        .collect();
+    let cases = [
+        (
+            json!({"tools": [{"type": "custom", "custom": {"name": "x"}}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"tools": [{"function": {"name": "x"}}]}),
+            "tools[0].type",
+        ),
+        (json!({"tools": "get_weather"}), "tools"),
+        (
+            json!({"tools": [tool(json!({"name": 5}))]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [tool(json!({"description": "x"}))]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [tool(json!({"name": ""}))]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [tool(json!({"name": "get weather"}))]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [tool(json!({"name": "a".repeat(65)}))]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [weather_tool(), weather_tool()]}),
+            "tools[1].function.name",
+        ),
+        (
+            json!({"tools": [tool(json!({"name": "f", "parameters": [1]}))]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [tool(json!({"name": "f", "parameters": "{}"}))]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [tool(json!({"name": "f", "strict": "yes"}))]}),
+            "tools[0].function.strict",
+        ),
+        (json!({"tools": many}), "tools"),
+        (json!({"tool_choice": "auto"}), "tool_choice"),
+        (json!({"tools": [], "tool_choice": "none"}), "tool_choice"),
+        (
+            json!({"tools": [weather_tool()], "tool_choice": "sometimes"}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": [weather_tool()], "tool_choice": 1}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": [weather_tool()],
+                   "tool_choice": {"type": "function", "function": {"name": "get_time"}}}),
+            "tool_choice.function.name",
+        ),
+        (
+            json!({"tools": [weather_tool()], "tool_choice": {"type": "function"}}),
+            "tool_choice.function.name",
+        ),
+        (
+            json!({"tools": [weather_tool()],
+                   "tool_choice": {"type": "allowed_tools", "allowed_tools": {}}}),
+            "tool_choice.type",
+        ),
+        (
+            json!({"tools": [weather_tool()], "parallel_tool_calls": "yes"}),
+            "parallel_tool_calls",
+        ),
+        (
+            json!({"tools": [weather_tool()], "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ];
+    for (extra, param) in cases {
+        let body = with(extra);
+        let err = chat(body.clone()).expect_err("should be refused");
+        assert_eq!(err.status, 400, "{body}");
+        assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
+    }
+}
+
+#[test]
+fn bad_tool_history_is_refused_naming_the_param() {
+    let assistant = |calls: Value| {
+        json!({"messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": null, "tool_calls": calls},
+        ]})
+    };
+    let call = |function: Value| json!({"id": "c", "type": "function", "function": function});
+    let args = |arguments: Value| call(json!({"name": "f", "arguments": arguments}));
+    let many: Vec<Value> = (0..129).map(|_| args(json!("{}"))).collect();
+    let cases = [
+        (
+            json!({"messages": [{"role": "tool", "content": "12 C"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x",
+                                  "tool_calls": [args(json!("{}"))]}]}),
+            "messages[0].tool_calls",
+        ),
+        (assistant(json!("calls")), "messages[1].tool_calls"),
+        (
+            assistant(json!([{"type": "function",
+                               "function": {"name": "f", "arguments": "{}"}}])),
+            "messages[1].tool_calls[0].id",
+        ),
+        (
+            assistant(json!([{"id": "c", "type": "custom",
+                               "function": {"name": "f", "arguments": "{}"}}])),
+            "messages[1].tool_calls[0].type",
+        ),
+        (
+            assistant(json!([call(json!({"arguments": "{}"}))])),
+            "messages[1].tool_calls[0].function.name",
+        ),
+        (
+            assistant(json!([args(json!({"city": "Oslo"}))])),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (
+            assistant(json!([args(json!("{\"city\": "))])),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (
+            assistant(json!([args(json!("[1, 2]"))])),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (assistant(json!(many)), "messages[1].tool_calls"),
+    ];
+    for (body, param) in cases {
+        let err = chat(body.clone()).expect_err("should be refused");
+        assert_eq!(err.status, 400, "{body}");
+        assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
+    }
+    // A conversation with calls answers in text: no JSON output.
+    let mut body = assistant(json!([args(json!("{}"))]));
+    body["response_format"] = json!({"type": "json_object"});
+    assert_eq!(param_of(chat(body)).as_deref(), Some("response_format"));
+}
+
+#[test]
+fn refusals_of_arguments_do_not_repeat_them() {
+    let body = json!({"messages": [
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "f", "arguments": "{\"password\": \"hunter2\""}}]},
+    ]});
+    let err = chat(body).expect_err("should be refused");
+    assert!(!err.message.contains("hunter2"), "{}", err.message);
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::protocol::{DoneEvent, FinishReason, PrefillEvent, TokenEvent};
+use crate::protocol::{DoneEvent, FinishReason, PrefillEvent, TokenEvent, ToolCallEvent};
 
 /// `usage`: OpenAI's three counts plus this request's own engine timings (additive fields
 /// that OpenAI SDKs keep as extras). Timings are in milliseconds, rates in tokens/second.
@@ -70,6 +70,15 @@ pub fn finish_reason(reason: FinishReason) -> Option<&'static str> {
     }
 }
 
+/// A chat answer's `finish_reason`: `tool_calls` when the model called functions and
+/// then stopped by itself (a cut-off answer stays `length`).
+pub fn chat_finish_reason(reason: FinishReason, made_calls: bool) -> Option<&'static str> {
+    match reason {
+        FinishReason::Stop if made_calls => Some("tool_calls"),
+        other => finish_reason(other),
+    }
+}
+
 // ---- chat ----
 
 #[derive(Debug, Serialize)]
@@ -93,8 +102,57 @@ pub struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is tool calls and no text.
+    pub content: Option<String>,
     pub refusal: Option<String>,
+    /// Left out when the model called nothing, as OpenAI does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+impl AssistantMessage {
+    pub fn new(text: String, tool_calls: Vec<ToolCallOut>) -> Self {
+        let content = if text.is_empty() && !tool_calls.is_empty() {
+            None
+        } else {
+            Some(text)
+        };
+        Self {
+            role: "assistant",
+            content,
+            refusal: None,
+            tool_calls,
+        }
+    }
+}
+
+/// One function call of a non-streamed answer (`message.tool_calls[i]`).
+#[derive(Debug, Serialize)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionCallOut {
+    pub name: String,
+    /// The JSON object's text, as OpenAI sends it.
+    pub arguments: String,
+}
+
+impl From<ToolCallEvent> for ToolCallOut {
+    fn from(event: ToolCallEvent) -> Self {
+        Self {
+            id: event.call.id,
+            kind: "function",
+            function: FunctionCallOut {
+                name: event.call.name,
+                arguments: event.call.arguments,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -124,6 +182,57 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// A piece of a streamed call (`delta.tool_calls[i]`); the pieces of one `index` add up
+/// to the call, their `arguments` concatenated.
+#[derive(Debug, Serialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Always a string, never left out: clients append it to what they have.
+    pub arguments: String,
+}
+
+impl ToolCallDelta {
+    /// A whole call as OpenAI streams one: first its id, type and name with empty
+    /// arguments, then the arguments. Sending the arguments in the first piece would
+    /// have them twice in clients written after OpenAI's guide, which keep the first
+    /// piece as the call and then append every piece's arguments to it.
+    pub fn pieces(event: ToolCallEvent) -> [Self; 2] {
+        let index = event.index;
+        let opening = Self {
+            index,
+            id: Some(event.call.id),
+            kind: Some("function"),
+            function: FunctionDelta {
+                name: Some(event.call.name),
+                arguments: String::new(),
+            },
+        };
+        let arguments = Self {
+            index,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: event.call.arguments,
+            },
+        };
+        [opening, arguments]
+    }
 }
 
 /// A chunk's `usage` field: left out, `null`, or the final counts.
@@ -300,6 +409,65 @@ mod tests {
         assert_eq!(finish_reason(FinishReason::Cancelled), Some("stop"));
         assert_eq!(finish_reason(FinishReason::Shutdown), Some("stop"));
         assert_eq!(finish_reason(FinishReason::Error), None);
+    }
+
+    #[test]
+    fn tool_calls_finish_with_tool_calls_unless_cut_short() {
+        assert_eq!(
+            chat_finish_reason(FinishReason::Stop, true),
+            Some("tool_calls")
+        );
+        assert_eq!(chat_finish_reason(FinishReason::Stop, false), Some("stop"));
+        assert_eq!(
+            chat_finish_reason(FinishReason::Length, true),
+            Some("length")
+        );
+        assert_eq!(
+            chat_finish_reason(FinishReason::Cancelled, true),
+            Some("stop")
+        );
+        assert_eq!(chat_finish_reason(FinishReason::Error, true), None);
+    }
+
+    fn call_event() -> ToolCallEvent {
+        ToolCallEvent {
+            id: 1,
+            index: 2,
+            call: crate::protocol::ToolCall {
+                id: "call_1".into(),
+                name: "f".into(),
+                arguments: r#"{"a":1}"#.into(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_answer_of_calls_only_has_null_content() {
+        let message = AssistantMessage::new(String::new(), vec![call_event().into()]);
+        let json = serde_json::to_value(&message).unwrap();
+        assert!(json["content"].is_null(), "{json}");
+        assert_eq!(json["tool_calls"][0]["id"], "call_1");
+        assert_eq!(json["tool_calls"][0]["type"], "function");
+        assert_eq!(json["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(json["tool_calls"][0]["function"]["arguments"], r#"{"a":1}"#);
+        // Without calls: the text, even empty, and no tool_calls field.
+        let json = serde_json::to_value(AssistantMessage::new(String::new(), vec![])).unwrap();
+        assert_eq!(json["content"], "");
+        assert!(json.get("tool_calls").is_none(), "{json}");
+    }
+
+    #[test]
+    fn a_streamed_call_is_an_opening_then_its_arguments() {
+        let [opening, arguments] = ToolCallDelta::pieces(call_event());
+        assert_eq!(
+            serde_json::to_value(&opening).unwrap(),
+            serde_json::json!({"index": 2, "id": "call_1", "type": "function",
+                               "function": {"name": "f", "arguments": ""}})
+        );
+        assert_eq!(
+            serde_json::to_value(&arguments).unwrap(),
+            serde_json::json!({"index": 2, "function": {"arguments": r#"{"a":1}"#}})
+        );
     }
 
     #[test]

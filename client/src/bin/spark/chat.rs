@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::Context;
 use spark_client::{
-    protocol::{ChatMessage, ErrorKind},
+    protocol::{ErrorKind, ToolCall, ToolChatMessage},
     ClientError,
 };
 use tokio::{
@@ -31,6 +31,7 @@ pub struct Args {
 
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let format = args.request.output_format()?;
+    let tools = args.request.tool_set()?;
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
         client = connect::connect(global, Autostart::Allowed) => client?,
@@ -38,7 +39,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     };
     let interactive = io::stdin().is_terminal();
     let mut lines = stdin_lines();
-    let mut turns: Vec<ChatMessage> = Vec::new();
+    let mut turns: Vec<ToolChatMessage> = Vec::new();
     if interactive {
         output::dim_line(
             "Ctrl-C stops an answer; /clear forgets the conversation; Ctrl-D or /exit leaves.",
@@ -80,12 +81,12 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             continue;
         }
 
-        turns.push(ChatMessage::new("user", text));
+        turns.push(ToolChatMessage::new("user", text));
         let answer = loop {
             let request = args.request.request(
                 client.next_request_id(),
                 global.requested_model(),
-                args.request.chat(&turns),
+                args.request.chat(&turns, tools.as_ref()),
             );
             let answer = match client.generate_as(request, format.clone()).await {
                 Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
@@ -108,7 +109,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                     output::dim_line(&format::stats_line(done, outcome.prefill.as_ref()));
                 }
                 // A stopped answer stays in the history as far as it went: it was seen.
-                turns.push(ChatMessage::new("assistant", outcome.text));
+                turns.push(assistant_turn(outcome.text, outcome.calls));
             }
             Err(err) => match err.downcast_ref::<ClientError>() {
                 // Another model loaded: no later turn would fare better.
@@ -128,6 +129,18 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(exit::code(exit::OK))
+}
+
+/// An answer as the history keeps it: its text and the calls it made. No one answers
+/// the calls (there is no tool to run here), but the next turn shows the model it made
+/// them, as a client that runs tools would.
+fn assistant_turn(text: String, calls: Vec<ToolCall>) -> ToolChatMessage {
+    ToolChatMessage {
+        // An answer that is only calls has no content, as in OpenAI's history.
+        content: (!text.is_empty() || calls.is_empty()).then_some(text),
+        tool_calls: calls,
+        ..ToolChatMessage::new("assistant", "")
+    }
 }
 
 /// What the daemon said of a refused request.
@@ -164,4 +177,30 @@ fn stdin_lines() -> mpsc::UnboundedReceiver<io::Result<String>> {
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_keep_their_calls_in_the_history() {
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        };
+        let only_calls = assistant_turn(String::new(), vec![call.clone()]);
+        assert_eq!(only_calls.role, "assistant");
+        assert_eq!(only_calls.content, None);
+        assert_eq!(only_calls.tool_calls, std::slice::from_ref(&call));
+        let both = assistant_turn("Let me look.".into(), vec![call]);
+        assert_eq!(both.content.as_deref(), Some("Let me look."));
+        assert_eq!(both.tool_calls.len(), 1);
+        // A plain (even empty) answer stays a plain turn.
+        assert_eq!(
+            assistant_turn(String::new(), Vec::new()),
+            ToolChatMessage::new("assistant", "")
+        );
+    }
 }

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use spark_client::{
     kind_name,
-    protocol::{DoneEvent, JobRecord, PrefillEvent, Timings, TokenEvent, Usage},
+    protocol::{DoneEvent, JobRecord, PrefillEvent, Timings, TokenEvent, ToolCallEvent, Usage},
     ClientError,
 };
 
@@ -15,6 +15,16 @@ pub enum Event<'a> {
         id: u64,
         token: u32,
         text: &'a str,
+    },
+    /// A function call the model made (`--tools`). `id` is the generation's, as in the
+    /// other events; `call_id` is the call's own.
+    ToolCall {
+        id: u64,
+        index: u32,
+        call_id: &'a str,
+        name: &'a str,
+        /// The JSON object's text, as the daemon sent it.
+        arguments: &'a str,
     },
     Done {
         id: u64,
@@ -39,6 +49,16 @@ impl<'a> Event<'a> {
             id: event.id,
             token: event.token,
             text: &event.text,
+        }
+    }
+
+    pub fn tool_call(event: &'a ToolCallEvent) -> Self {
+        Event::ToolCall {
+            id: event.id,
+            index: event.index,
+            call_id: &event.call.id,
+            name: &event.call.name,
+            arguments: &event.call.arguments,
         }
     }
 
@@ -160,6 +180,23 @@ mod tests {
         let value: serde_json::Value =
             serde_json::from_str(&line(&Event::done(&done, Some(&prefill)))).unwrap();
         assert_eq!(value["cached_tokens"], 4);
+    }
+
+    #[test]
+    fn tool_call_lines() {
+        let event = ToolCallEvent {
+            id: 3,
+            index: 1,
+            call: spark_client::protocol::ToolCall {
+                id: "call_x".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Oslo"}"#.into(),
+            },
+        };
+        assert_eq!(
+            line(&Event::tool_call(&event)),
+            r#"{"type":"tool_call","id":3,"index":1,"call_id":"call_x","name":"get_weather","arguments":"{\"city\":\"Oslo\"}"}"#
+        );
     }
 
     #[test]

@@ -2,8 +2,11 @@
 
 use anyhow::Context;
 use spark_client::protocol::{
-    ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams,
+    ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams, ToolChatMessage,
+    ToolChoice, ToolSpec,
 };
+
+use crate::exit::Usage;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RequestArgs {
@@ -40,6 +43,21 @@ pub struct RequestArgs {
     /// Hold the JSON answer to this JSON Schema (a file; implies `--format json`)
     #[arg(long, value_name = "FILE")]
     pub schema: Option<std::path::PathBuf>,
+    /// Functions the model may call: a JSON file holding an array of OpenAI tool
+    /// definitions; calls are printed as `name(arguments)`, one per line
+    #[arg(long, value_name = "FILE", conflicts_with = "schema")]
+    pub tools: Option<std::path::PathBuf>,
+    /// Whether the model calls a tool: auto, none, required, or one function's name
+    /// [default: auto]
+    #[arg(long, value_name = "CHOICE", requires = "tools")]
+    pub tool_choice: Option<String>,
+}
+
+/// The functions offered (`--tools`) and how the model may call them (`--tool-choice`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSet {
+    pub tools: Vec<ToolSpec>,
+    pub choice: ToolChoice,
 }
 
 /// What form the answer takes (`--format`).
@@ -73,6 +91,42 @@ impl RequestArgs {
         Ok(OutputFormat::JsonSchema { schema: text })
     }
 
+    /// The `--tools` file, read and checked, with the `--tool-choice`. Every problem is a
+    /// usage error (exit code 2), found before anything is sent.
+    pub fn tool_set(&self) -> anyhow::Result<Option<ToolSet>> {
+        let Some(path) = &self.tools else {
+            return Ok(None);
+        };
+        if self.format != Format::Text {
+            return Err(
+                Usage("--tools answers in text: it cannot go with --format json".into()).into(),
+            );
+        }
+        let text = std::fs::read_to_string(path).map_err(|err| {
+            Usage(format!(
+                "cannot read the tools file {}: {err}",
+                path.display()
+            ))
+        })?;
+        let bad_file = |err: spark_client::openai::ToolError| {
+            Usage(format!("the tools file {}: {err}", path.display()))
+        };
+        let tools = spark_client::openai::tools_from_json(&text).map_err(bad_file)?;
+        if tools.is_empty() {
+            return Err(Usage(format!("the tools file {} holds no tools", path.display())).into());
+        }
+        let choice = match &self.tool_choice {
+            None => ToolChoice::Auto,
+            Some(word) => spark_client::openai::choice_by_word(word, &tools).map_err(|_| {
+                Usage(format!(
+                    "--tool-choice {word}: not auto, none, required or a function of {}",
+                    path.display()
+                ))
+            })?,
+        };
+        Ok(Some(ToolSet { tools, choice }))
+    }
+
     pub fn sampling(&self) -> SamplingParams {
         let defaults = SamplingParams::default();
         SamplingParams {
@@ -86,14 +140,24 @@ impl RequestArgs {
         }
     }
 
-    /// The conversation so far, behind the system message if one was given.
-    pub fn chat(&self, turns: &[ChatMessage]) -> PromptInput {
+    /// The conversation so far, behind the system message if one was given. Without
+    /// tools it is the plain `Chat` that daemons older than protocol 1.5 also take.
+    pub fn chat(&self, turns: &[ToolChatMessage], tools: Option<&ToolSet>) -> PromptInput {
         let system = self
             .system
             .iter()
-            .map(|text| ChatMessage::new("system", text.clone()));
-        PromptInput::Chat {
-            messages: system.chain(turns.iter().cloned()).collect(),
+            .map(|text| ToolChatMessage::new("system", text.clone()));
+        let messages = system.chain(turns.iter().cloned());
+        match tools {
+            Some(set) => PromptInput::ChatWithTools {
+                messages: messages.collect(),
+                tools: set.tools.clone(),
+                choice: set.choice.clone(),
+                parallel: true,
+            },
+            None => PromptInput::Chat {
+                messages: messages.map(plain_message).collect(),
+            },
         }
     }
 
@@ -110,6 +174,11 @@ impl RequestArgs {
             logprobs: None,
         }
     }
+}
+
+/// A turn of a conversation without tools: one that made no calls, so only its text.
+fn plain_message(message: ToolChatMessage) -> ChatMessage {
+    ChatMessage::new(message.role, message.content.unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -183,7 +252,8 @@ mod tests {
     #[test]
     fn system_message_leads_the_conversation() {
         let args = parse(&["--system", "be brief"]);
-        let PromptInput::Chat { messages } = args.chat(&[ChatMessage::new("user", "hi")]) else {
+        let PromptInput::Chat { messages } = args.chat(&[ToolChatMessage::new("user", "hi")], None)
+        else {
             panic!("expected a chat input");
         };
         assert_eq!(
@@ -193,5 +263,131 @@ mod tests {
                 ChatMessage::new("user", "hi")
             ]
         );
+    }
+}
+
+#[cfg(test)]
+mod tool_tests {
+    use super::*;
+    use clap::Parser;
+    use spark_client::protocol::ToolCall;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: RequestArgs,
+    }
+
+    fn try_parse(argv: &[&str]) -> Result<RequestArgs, clap::Error> {
+        Wrapper::try_parse_from(std::iter::once("x").chain(argv.iter().copied())).map(|w| w.args)
+    }
+
+    const WEATHER: &str = r#"[{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]"#;
+
+    /// A tools file in a folder of its own, removed on drop.
+    struct ToolsFile(std::path::PathBuf);
+
+    impl ToolsFile {
+        fn new(name: &str, text: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("spark-tools-{}-{name}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("tools.json");
+            std::fs::write(&path, text).unwrap();
+            Self(path)
+        }
+
+        fn arg(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for ToolsFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+        }
+    }
+
+    fn usage_error(args: &RequestArgs) -> String {
+        let err = args.tool_set().expect_err("a usage error");
+        assert!(err.downcast_ref::<Usage>().is_some(), "{err:#}");
+        err.to_string()
+    }
+
+    #[test]
+    fn tools_and_a_choice_are_read_from_the_flags() {
+        let file = ToolsFile::new("ok", WEATHER);
+        let set = try_parse(&["--tools", file.arg()])
+            .unwrap()
+            .tool_set()
+            .unwrap()
+            .unwrap();
+        assert_eq!(set.tools[0].name, "get_weather");
+        assert_eq!(set.choice, ToolChoice::Auto);
+        for (word, choice) in [
+            ("required", ToolChoice::Required),
+            ("none", ToolChoice::None),
+            ("get_weather", ToolChoice::Function("get_weather".into())),
+        ] {
+            let args = try_parse(&["--tools", file.arg(), "--tool-choice", word]).unwrap();
+            assert_eq!(args.tool_set().unwrap().unwrap().choice, choice);
+        }
+        // No --tools: no tools.
+        assert_eq!(try_parse(&[]).unwrap().tool_set().unwrap(), None);
+    }
+
+    #[test]
+    fn bad_tools_are_usage_errors() {
+        let file = ToolsFile::new(
+            "bad",
+            r#"[{"type": "function", "function": {"name": "a b"}}]"#,
+        );
+        let message = usage_error(&try_parse(&["--tools", file.arg()]).unwrap());
+        assert!(message.contains("tools[0].function.name"), "{message}");
+        let empty = ToolsFile::new("empty", "[]");
+        usage_error(&try_parse(&["--tools", empty.arg()]).unwrap());
+        let not_json = ToolsFile::new("not-json", "[{");
+        usage_error(&try_parse(&["--tools", not_json.arg()]).unwrap());
+        usage_error(&try_parse(&["--tools", "/nonexistent/tools.json"]).unwrap());
+        let good = ToolsFile::new("choice", WEATHER);
+        let message =
+            usage_error(&try_parse(&["--tools", good.arg(), "--tool-choice", "get_time"]).unwrap());
+        assert!(message.contains("get_time"), "{message}");
+        usage_error(&try_parse(&["--tools", good.arg(), "--format", "json"]).unwrap());
+        // clap itself refuses a choice without tools and tools with a schema.
+        assert!(try_parse(&["--tool-choice", "auto"]).is_err());
+        assert!(try_parse(&["--tools", good.arg(), "--schema", good.arg()]).is_err());
+    }
+
+    #[test]
+    fn tools_make_the_chat_one_with_tools_and_keep_earlier_calls() {
+        let file = ToolsFile::new("chat", WEATHER);
+        let args = try_parse(&["--tools", file.arg(), "--system", "be brief"]).unwrap();
+        let set = args.tool_set().unwrap().unwrap();
+        let answered = ToolChatMessage {
+            role: "assistant".into(),
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Oslo"}"#.into(),
+            }],
+            tool_call_id: None,
+        };
+        let turns = [ToolChatMessage::new("user", "weather?"), answered.clone()];
+        let PromptInput::ChatWithTools {
+            messages,
+            tools,
+            choice,
+            parallel,
+        } = args.chat(&turns, Some(&set))
+        else {
+            panic!("expected a chat with tools");
+        };
+        assert_eq!(messages[0], ToolChatMessage::new("system", "be brief"));
+        assert_eq!(messages[2], answered);
+        assert_eq!(tools, set.tools);
+        assert_eq!((choice, parallel), (ToolChoice::Auto, true));
     }
 }

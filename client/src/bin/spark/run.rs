@@ -6,7 +6,7 @@ use std::{
 };
 
 use anyhow::Context;
-use spark_client::protocol::{ChatMessage, PromptInput};
+use spark_client::protocol::{PromptInput, ToolChatMessage};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
@@ -25,7 +25,7 @@ pub struct Args {
     #[command(flatten)]
     pub request: RequestArgs,
     /// Send the prompt as is, without the chat template, parsing special tokens
-    #[arg(long, conflicts_with = "system")]
+    #[arg(long, conflicts_with_all = ["system", "tools"])]
     pub raw: bool,
     /// One JSON object per line per event, and no stats line
     #[arg(long)]
@@ -35,6 +35,7 @@ pub struct Args {
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let prompt = read_prompt(args.prompt.as_deref())?;
     let format = args.request.output_format()?;
+    let tools = args.request.tool_set()?;
     // From here on Ctrl-C is ours: it cancels instead of killing the process.
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
@@ -48,7 +49,8 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             special: true,
         }
     } else {
-        args.request.chat(&[ChatMessage::new("user", prompt)])
+        args.request
+            .chat(&[ToolChatMessage::new("user", prompt)], tools.as_ref())
     };
     let request = args
         .request

@@ -2,7 +2,7 @@
 
 use futures::StreamExt;
 use spark_client::{
-    protocol::{DoneEvent, PrefillEvent},
+    protocol::{DoneEvent, PrefillEvent, ToolCall},
     ClientError, Generation, GenerationEvent,
 };
 use tokio::signal::unix::Signal;
@@ -21,6 +21,8 @@ pub enum Mode {
 pub struct Outcome {
     /// Everything generated, as shown.
     pub text: String,
+    /// The functions the model called (`--tools`), in order.
+    pub calls: Vec<ToolCall>,
     /// `None` only when a second Ctrl-C abandoned the generation before its end.
     pub done: Option<DoneEvent>,
     /// How the prompt was read; `None` before the first token or from a daemon older
@@ -39,13 +41,15 @@ pub async fn stream(
 ) -> anyhow::Result<Outcome> {
     let mut outcome = Outcome::default();
     let terminal = output::stdout_is_tty();
+    // Text was shown since the last newline: what comes next needs a line of its own.
+    let mut line_open = false;
     loop {
         let event = tokio::select! {
             event = generation.next() => event,
             _ = interrupts.recv() => {
                 if outcome.interrupted {
                     if mode == Mode::Text {
-                        end_line(&outcome.text)?;
+                        end_line(line_open)?;
                     }
                     return Ok(outcome);
                 }
@@ -62,11 +66,30 @@ pub async fn stream(
                     Mode::Text => output::out(&token.text)?,
                     Mode::Json => output::out_line(&json::line(&json::Event::token(&token)))?,
                 }
+                if !token.text.is_empty() {
+                    line_open = !token.text.ends_with('\n');
+                }
                 outcome.text.push_str(&token.text);
+            }
+            Some(Ok(GenerationEvent::ToolCall(event))) => {
+                match mode {
+                    Mode::Text => {
+                        end_line(line_open)?;
+                        line_open = false;
+                        let line = call_line(&event.call);
+                        if terminal {
+                            output::out_line(&output::terminal_safe(&line))?;
+                        } else {
+                            output::out_line(&line)?;
+                        }
+                    }
+                    Mode::Json => output::out_line(&json::line(&json::Event::tool_call(&event)))?,
+                }
+                outcome.calls.push(event.call);
             }
             Some(Ok(GenerationEvent::Done(done))) => {
                 match mode {
-                    Mode::Text => end_line(&outcome.text)?,
+                    Mode::Text => end_line(line_open)?,
                     Mode::Json => output::out_line(&json::line(&json::Event::done(
                         &done,
                         outcome.prefill.as_ref(),
@@ -78,7 +101,7 @@ pub async fn stream(
             Some(Err(err)) => {
                 match mode {
                     // Keep the error message off the line of a half-written answer.
-                    Mode::Text => end_line(&outcome.text)?,
+                    Mode::Text => end_line(line_open)?,
                     Mode::Json => output::out_line(&json::line(&json::Event::error(
                         Some(generation.id()),
                         &err,
@@ -92,12 +115,40 @@ pub async fn stream(
     }
 }
 
-/// Ends stdout's last line after an answer that did not, so that what follows (the stats
-/// line, an error, the next prompt) starts on a line of its own.
-fn end_line(text: &str) -> std::io::Result<()> {
-    if text.is_empty() || text.ends_with('\n') {
-        Ok(())
-    } else {
+/// Ends stdout's last line when the text shown left it open, so that what follows (a
+/// call, the stats line, an error, the next prompt) starts on a line of its own.
+fn end_line(line_open: bool) -> std::io::Result<()> {
+    if line_open {
         output::out("\n")
+    } else {
+        Ok(())
+    }
+}
+
+/// A call as `spark` prints it: `name(arguments)`, the arguments as the JSON text the
+/// daemon sent, on one line. A raw line break in JSON text can only be whitespace
+/// between tokens (inside strings it is escaped), so a space keeps the meaning.
+fn call_line(call: &ToolCall) -> String {
+    let arguments = call.arguments.replace(['\n', '\r'], " ");
+    format!("{}({arguments})", call.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_print_as_name_and_arguments() {
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Oslo"}"#.into(),
+        };
+        assert_eq!(call_line(&call), r#"get_weather({"city":"Oslo"})"#);
+        let spread = ToolCall {
+            arguments: "{\n  \"city\": \"a\\nb\"\r\n}".into(),
+            ..call
+        };
+        assert_eq!(call_line(&spread), r#"get_weather({   "city": "a\nb"  })"#);
     }
 }

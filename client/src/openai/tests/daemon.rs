@@ -20,7 +20,8 @@ use crate::codec::MessageCodec;
 use crate::openai::{bind, router, serve, DaemonBackend, RouterOptions};
 use crate::protocol::{
     ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, OutputFormat,
-    PromptInput, ServerMessage, TokenEvent, Usage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    PromptInput, ServerMessage, TokenEvent, ToolCall, ToolCallEvent, ToolChatMessage, ToolChoice,
+    ToolSpec, Usage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 
 const PIECES: &[&str] = &["Bon", "jour"];
@@ -31,6 +32,10 @@ struct Seen {
     cancels: Mutex<Vec<u64>>,
     /// The output format of each generation, as the daemon received it.
     formats: Mutex<Vec<OutputFormat>>,
+    /// The input of each generation, as the daemon received it.
+    inputs: Mutex<Vec<PromptInput>>,
+    /// The protocol minor the daemon announces, when older than this crate's.
+    old_minor: Option<u16>,
     cancel_notify: Notify,
     connections: AtomicUsize,
 }
@@ -96,7 +101,7 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                 let reply = match message {
                     ClientMessage::Hello(_) => Some(ServerMessage::Welcome(Welcome {
                         major: PROTOCOL_MAJOR,
-                        minor: PROTOCOL_MINOR,
+                        minor: seen.old_minor.unwrap_or(PROTOCOL_MINOR),
                         daemon_version: "fake".into(),
                         max_frame_bytes: 1 << 20,
                     })),
@@ -138,13 +143,36 @@ fn start(
     out: &mpsc::UnboundedSender<ServerMessage>,
 ) {
     seen.formats.lock().unwrap().push(format);
+    seen.inputs.lock().unwrap().push(request.input.clone());
     if let Some((id, cancel)) = generate(request, out.clone()) {
         hanging.insert(id, cancel);
     }
 }
 
+/// The call the fake daemon makes for a chat with tools (none when the choice is `None`).
+fn tool_call_event(id: u64, input: &PromptInput) -> Option<ServerMessage> {
+    let PromptInput::ChatWithTools { tools, choice, .. } = input else {
+        return None;
+    };
+    let name = match choice {
+        ToolChoice::None => return None,
+        ToolChoice::Function(name) => name.clone(),
+        ToolChoice::Auto | ToolChoice::Required => tools.first()?.name.clone(),
+    };
+    Some(ServerMessage::ToolCall(ToolCallEvent {
+        id,
+        index: 0,
+        call: ToolCall {
+            id: format!("call_fake{id}"),
+            name,
+            arguments: r#"{"city":"Oslo"}"#.into(),
+        },
+    }))
+}
+
 /// Answers a generation; a prompt `hang` sends one token and waits for `Cancel`, `busy`
-/// is refused. Returns the cancel hook of a hanging generation.
+/// is refused, a chat with tools gets the tokens and then a call. Returns the cancel hook
+/// of a hanging generation.
 fn generate(
     req: GenerateRequest,
     out: mpsc::UnboundedSender<ServerMessage>,
@@ -155,8 +183,13 @@ fn generate(
             .last()
             .map(|m| m.content.clone())
             .unwrap_or_default(),
+        PromptInput::ChatWithTools { messages, .. } => messages
+            .last()
+            .and_then(|m| m.content.clone())
+            .unwrap_or_default(),
         PromptInput::Raw { text, .. } => text.clone(),
     };
+    let call = tool_call_event(id, &req.input);
     let token = |i: usize| {
         ServerMessage::Token(TokenEvent {
             id,
@@ -199,6 +232,9 @@ fn generate(
         _ => {
             for i in 0..PIECES.len() {
                 let _ = out.send(token(i));
+            }
+            if let Some(call) = call {
+                let _ = out.send(call);
             }
             let _ = out.send(done(FinishReason::Stop, PIECES.len() as u32));
             None
@@ -288,6 +324,125 @@ async fn generations_reach_the_daemon_through_the_real_client() {
     );
     // One shared connection for everything.
     assert_eq!(daemon.seen.connections.load(Ordering::SeqCst), 1);
+    daemon.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+        "strict": true,
+    }})
+}
+
+#[tokio::test]
+async fn tool_calls_round_trip_through_the_real_client() {
+    let path = socket_path("tools");
+    let daemon = FakeDaemon::start(&path, Arc::default());
+    let (base, _shutdown) = start_shim(path.clone()).await;
+
+    // A follow-up turn: the earlier call and its result, with tools offered again.
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_a",
+             "type": "function", "function": {"name": "get_weather",
+             "arguments": "{\"city\":\"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_a", "content": "12 C"},
+        ],
+        "tools": [weather_tool()],
+        "tool_choice": "required",
+        "parallel_tool_calls": false,
+    });
+    let (status, text) = post_chat(&base, &body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert!(
+        call["id"].as_str().unwrap().starts_with("call_fake"),
+        "{call}"
+    );
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["arguments"], r#"{"city":"Oslo"}"#);
+
+    // What reached the daemon is the whole conversation, its tools and the choice.
+    let input = daemon.seen.inputs.lock().unwrap().last().cloned().unwrap();
+    let expected_call = ToolCall {
+        id: "call_a".into(),
+        name: "get_weather".into(),
+        arguments: r#"{"city":"Oslo"}"#.into(),
+    };
+    assert_eq!(
+        input,
+        PromptInput::ChatWithTools {
+            messages: vec![
+                ToolChatMessage::new("user", "Weather in Oslo?"),
+                ToolChatMessage {
+                    role: "assistant".into(),
+                    content: None,
+                    tool_calls: vec![expected_call],
+                    tool_call_id: None,
+                },
+                ToolChatMessage {
+                    tool_call_id: Some("call_a".into()),
+                    ..ToolChatMessage::new("tool", "12 C")
+                },
+            ],
+            tools: vec![ToolSpec {
+                name: "get_weather".into(),
+                description: "The weather in a city".into(),
+                parameters: weather_tool()["function"]["parameters"].to_string(),
+                strict: true,
+            }],
+            choice: ToolChoice::Required,
+            parallel: false,
+        }
+    );
+
+    // Streamed: the call arrives as its two chunks, then `tool_calls`.
+    let mut body = chat("hi", true);
+    body["tools"] = json!([weather_tool()]);
+    let (status, text) = post_chat(&base, &body).await;
+    assert_eq!(status, 200, "{text}");
+    let chunks = super::sse_chunks(&text);
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(calls.len(), 2, "{text}");
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert_eq!(calls[1][0]["function"]["arguments"], r#"{"city":"Oslo"}"#);
+    let last = &chunks.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "tool_calls", "{text}");
+    daemon.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn a_daemon_older_than_tools_still_answers_plain_chats() {
+    let path = socket_path("old-minor");
+    let seen = Arc::new(Seen {
+        old_minor: Some(4),
+        ..Seen::default()
+    });
+    let daemon = FakeDaemon::start(&path, seen);
+    let (base, _shutdown) = start_shim(path.clone()).await;
+
+    // Without tools the request is the `Chat` a 1.4 daemon knows.
+    let (status, text) = post_chat(&base, &chat("hi", false)).await;
+    assert_eq!(status, 200, "{text}");
+    // With tools the client refuses to send what the daemon cannot read: a 502 that
+    // says why, and nothing reaches the daemon.
+    let mut body = chat("hi", false);
+    body["tools"] = json!([weather_tool()]);
+    let (status, text) = post_chat(&base, &body).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(text.contains("1.4"), "{text}");
+    assert_eq!(daemon.seen.inputs.lock().unwrap().len(), 1);
     daemon.stop().await;
     let _ = std::fs::remove_file(&path);
 }

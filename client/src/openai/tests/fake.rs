@@ -15,7 +15,7 @@ use crate::openai::{
 use crate::protocol::{
     CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo,
     OutputFormat, PrefillEvent, PromptInput, StatusReport, Timings, TokenEvent, TokenLogprobs,
-    Usage,
+    ToolCall, ToolCallEvent, ToolChoice, ToolSpec, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -23,6 +23,8 @@ pub const MODEL: &str = "fake-model";
 /// What every successful generation says, token by token. The empty piece stands for a
 /// token that only holds part of a UTF-8 character.
 pub const PIECES: &[&str] = &["Hel", "lo", "", ",", " world"];
+/// The arguments of every call the fake makes.
+pub const CALL_ARGUMENTS: &str = r#"{"city":"Paris","unit":"celsius"}"#;
 
 /// What the next calls do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +89,11 @@ impl FakeBackend {
 pub fn prompt_tokens(input: &PromptInput) -> u32 {
     let chars = match input {
         PromptInput::Chat { messages } => messages.iter().map(|m| m.content.chars().count()).sum(),
+        PromptInput::ChatWithTools { messages, .. } => messages
+            .iter()
+            .filter_map(|m| m.content.as_deref())
+            .map(|c| c.chars().count())
+            .sum(),
         PromptInput::Raw { text, .. } => text.chars().count(),
     };
     chars as u32
@@ -126,6 +133,49 @@ fn token(id: u64, index: usize, piece: &str, logprobs: Option<u8>) -> TokenEvent
     }
 }
 
+/// What a chat with tools gets: whether it answers in text, and the functions it calls.
+/// `auto` says its text and then calls the first tool; `required` calls the first tool,
+/// or the first two when parallel calls are allowed; a named function is called alone;
+/// `none` (or no tools) is a plain answer.
+pub fn planned_calls(input: &PromptInput) -> (bool, Vec<&str>) {
+    let PromptInput::ChatWithTools {
+        tools,
+        choice,
+        parallel,
+        ..
+    } = input
+    else {
+        return (true, Vec::new());
+    };
+    let names: Vec<&str> = tools.iter().map(|t: &ToolSpec| t.name.as_str()).collect();
+    match choice {
+        _ if names.is_empty() => (true, Vec::new()),
+        ToolChoice::None => (true, Vec::new()),
+        ToolChoice::Auto => (true, names[..1].to_vec()),
+        ToolChoice::Required if *parallel => (false, names.into_iter().take(2).collect()),
+        ToolChoice::Required => (false, names[..1].to_vec()),
+        ToolChoice::Function(name) => (false, vec![name.as_str()]),
+    }
+}
+
+/// The id the fake gives call `index` of generation `id`.
+pub fn call_id(id: u64, index: u32) -> String {
+    format!("call_{id}_{index}")
+}
+
+fn tool_call(id: u64, index: usize, name: &str) -> BackendEvent {
+    let index = index as u32;
+    BackendEvent::ToolCall(ToolCallEvent {
+        id,
+        index,
+        call: ToolCall {
+            id: call_id(id, index),
+            name: name.to_string(),
+            arguments: CALL_ARGUMENTS.to_string(),
+        },
+    })
+}
+
 /// Counts a cancellation when the hanging stream that owns it is dropped.
 struct DropGuard(Option<Arc<FakeBackend>>);
 
@@ -142,29 +192,39 @@ impl FakeBackend {
     fn reply(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
         let id = req.id;
         let prompt = prompt_tokens(&req.input);
+        let (says_text, calls) = planned_calls(&req.input);
+        let pieces = if says_text { PIECES } else { &[] };
         let limit = req
             .max_tokens
-            .map_or(PIECES.len(), |m| (m as usize).min(PIECES.len()));
+            .map_or(pieces.len(), |m| (m as usize).min(pieces.len()));
         // Like the daemon: how the prompt was read, before the first token.
         let prefill = BackendEvent::Prefilled(PrefillEvent {
             id,
             prompt_tokens: prompt,
             cached_tokens: cached_tokens(prompt),
         });
+        // Calls come after the text, whole; a text cut short by max_tokens stands for a
+        // later call cut short, so the answer still ends with `Length`.
         let mut events: Vec<Result<BackendEvent, BackendError>> = std::iter::once(Ok(prefill))
             .chain(
-                PIECES[..limit]
+                pieces[..limit]
                     .iter()
                     .enumerate()
                     .map(|(i, p)| Ok(BackendEvent::Token(token(id, i, p, req.logprobs)))),
             )
+            .chain(
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| Ok(tool_call(id, i, name))),
+            )
             .collect();
-        let finish = if limit < PIECES.len() {
+        let finish = if limit < pieces.len() {
             FinishReason::Length
         } else {
             FinishReason::Stop
         };
-        let completion = limit as u32;
+        let completion = (limit + calls.len()) as u32;
         events.push(Ok(BackendEvent::Done(DoneEvent {
             id,
             finish_reason: finish,

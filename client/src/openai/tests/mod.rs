@@ -5,6 +5,7 @@ mod fake;
 mod fuzz;
 mod generation;
 mod misc;
+mod tools;
 
 use serde_json::Value;
 

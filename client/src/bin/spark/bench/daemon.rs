@@ -99,7 +99,8 @@ async fn one_stream(
     while let Some(event) = generation.next().await {
         let now = start.elapsed().as_secs_f64();
         match event? {
-            GenerationEvent::Prefilled(_) => {}
+            // The bench offers no tools.
+            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
             GenerationEvent::Token(_) => sample.token_arrived(now),
             GenerationEvent::Done(done) => {
                 sample.done_s = now;
