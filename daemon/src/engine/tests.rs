@@ -144,7 +144,6 @@ fn submit_as(
     sampling: SamplingParams,
     format: OutputFormat,
 ) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenerateRequest {
         id,
         model: None,
@@ -157,17 +156,26 @@ fn submit_as(
         stop: Vec::new(),
         logprobs: None,
     };
-    engine
-        .submit(Submission {
-            format,
-            conn: 1,
-            client: ClientInfo::default(),
-            request,
-            arrived: Instant::now(),
-            events: tx,
-        })
-        .expect("accepted");
-    rx
+    submit_request(engine, request, format).expect("accepted")
+}
+
+/// Submits `request`; its event stream, or the refusal.
+fn submit_request(
+    engine: &EngineHandle,
+    request: GenerateRequest,
+    format: OutputFormat,
+) -> Result<tokio::sync::mpsc::UnboundedReceiver<ServerMessage>, spark_client::protocol::ErrorEvent>
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    engine.submit(Submission {
+        format,
+        conn: 1,
+        client: ClientInfo::default(),
+        request,
+        arrived: Instant::now(),
+        events: tx,
+    })?;
+    Ok(rx)
 }
 
 /// A generation's tokens, text and final frame (of a stream that may have been read
@@ -620,7 +628,6 @@ fn submit_tool_chat(
     sampling: SamplingParams,
 ) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
     use spark_client::protocol::ToolChatMessage;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let request = GenerateRequest {
         id,
         model: None,
@@ -635,17 +642,7 @@ fn submit_tool_chat(
         stop: Vec::new(),
         logprobs: None,
     };
-    engine
-        .submit(Submission {
-            format: OutputFormat::Text,
-            conn: 1,
-            client: ClientInfo::default(),
-            request,
-            arrived: Instant::now(),
-            events: tx,
-        })
-        .expect("accepted");
-    rx
+    submit_request(engine, request, OutputFormat::Text).expect("accepted")
 }
 
 #[test]
@@ -768,17 +765,7 @@ fn tool_requests_that_cannot_be_served_are_refused_with_the_reason() {
         logprobs: None,
     };
     let refusal = |request: GenerateRequest, format: OutputFormat| {
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        engine
-            .submit(Submission {
-                format,
-                conn: 1,
-                client: ClientInfo::default(),
-                request,
-                arrived: Instant::now(),
-                events: tx,
-            })
-            .expect_err("refused")
+        submit_request(&engine, request, format).expect_err("refused")
     };
     let strict = refusal(request(ToolChoice::Auto), OutputFormat::Text);
     assert_eq!(strict.kind, ErrorKind::InvalidRequest);
