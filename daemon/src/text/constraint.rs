@@ -159,10 +159,10 @@ impl JsonConstraint {
         }
     }
 
-    /// Takes `bytes` as accepted text, written before the constraint took over (the
+    /// Takes `bytes` as accepted text: a chosen token's, or bytes no mask checked (the
     /// rest of the token that ended a tool call's opening tag); false when the schema
     /// cannot continue with them (then the constraint is not to be used).
-    pub fn accept_prefix(&mut self, bytes: &[u8]) -> bool {
+    pub fn accept(&mut self, bytes: &[u8]) -> bool {
         self.frames.truncate(self.committed);
         let accepted = self.state.feed_all(&self.schema, &mut self.frames, bytes);
         self.committed = self.frames.len();
@@ -176,12 +176,8 @@ impl JsonConstraint {
 
     /// Takes the chosen token's bytes (which the mask allowed).
     pub fn advance(&mut self, tok: &Tokenizer, token: u32) {
-        self.frames.truncate(self.committed);
-        let accepted = self
-            .state
-            .feed_all(&self.schema, &mut self.frames, tok.token_bytes(token));
+        let accepted = self.accept(tok.token_bytes(token));
         debug_assert!(accepted, "token {token} was not allowed");
-        self.committed = self.frames.len();
     }
 
     /// Whether `token` may come next.
@@ -387,7 +383,7 @@ mod tests {
                 String::from_utf8_lossy(&text.as_bytes()[..i])
             );
             assert!(!walk.is_empty());
-            assert!(c.accept_prefix(&[b]), "{:?}", &text.as_bytes()[..=i]);
+            assert!(c.accept(&[b]), "{:?}", &text.as_bytes()[..=i]);
         }
         assert!(c.is_done());
     }
@@ -428,7 +424,7 @@ mod tests {
     fn control_unknown_and_end_tokens_never_pass() {
         let tok = json_vocab();
         let mut c = JsonConstraint::new();
-        assert!(c.accept_prefix(b"{\"a\":\""));
+        assert!(c.accept(b"{\"a\":\""));
         // Inside a string any text goes, but not `<|im_end|>` and the like, whose text
         // would otherwise be a fine string.
         let allowed = allowed_by_walk(&mut c, &tok);

@@ -36,8 +36,7 @@ impl StreamDecoder {
         if self.skip_control && tokenizer.is_control(id) {
             return String::new();
         }
-        self.pending.extend_from_slice(tokenizer.token_bytes(id));
-        self.drain(false)
+        self.push_bytes(tokenizer.token_bytes(id))
     }
 
     /// The text that `bytes` (a token's, or part of one) complete.

@@ -16,7 +16,7 @@ fn tool(name: &str, parameters: serde_json::Value, strict: bool) -> ToolSpec {
 
 fn accepts(set: &ToolSet, text: &str) -> bool {
     let mut c = JsonConstraint::after_whitespace(set.schema.clone());
-    c.accept_prefix(text.as_bytes()) && c.is_done()
+    c.accept(text.as_bytes()) && c.is_done()
 }
 
 #[test]

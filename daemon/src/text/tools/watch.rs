@@ -154,7 +154,7 @@ impl CallWatcher {
             return;
         };
         self.json.push(b);
-        if !constraint.accept_prefix(&[b]) {
+        if !constraint.accept(&[b]) {
             // Only bytes written before the constraint took over (the rest of the
             // token that ended the tag) can be refused: this was no call after all.
             out.text.extend(self.finish_as_text());
@@ -339,11 +339,11 @@ mod tests {
         let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
         w.push(b"<tool_call>");
         let c = w.constraint().unwrap();
-        assert!(c.accept_prefix(br#"{"name": "get_"#));
+        assert!(c.accept(br#"{"name": "get_"#));
         let mut refused = c.clone();
-        assert!(!refused.accept_prefix(b"x"), "no tool is named get_x");
+        assert!(!refused.accept(b"x"), "no tool is named get_x");
         let mut missing_city = c.clone();
-        assert!(missing_city.accept_prefix(br#"weather", "arguments": {"#));
-        assert!(!missing_city.accept_prefix(b"}"), "city is required");
+        assert!(missing_city.accept(br#"weather", "arguments": {"#));
+        assert!(!missing_city.accept(b"}"), "city is required");
     }
 }
