@@ -22,17 +22,64 @@ use alloc_counter::{heap_during, HeapUse};
 
 /// Heap per payload byte of the worst decodable shape: a sequence of empty strings is
 /// one byte each on the wire and 24 bytes in memory, vectors grow to twice their length,
-/// and a reallocation briefly holds old and new buffers. (A length prefix the remaining
-/// bytes cannot back costs nothing: postcard then gives serde no size hint, so nothing is
-/// preallocated for it.)
-const PER_PAYLOAD_BYTE: u64 = 24 * 3;
+/// and a reallocation briefly holds old and new buffers.
+const DECODED_PER_BYTE: u64 = 24 * 3;
+
+/// What serde may preallocate per payload byte while decoding messages of type `T`.
+/// postcard gives a sequence's length as a size hint whenever the bytes left could hold
+/// that many elements at one byte each (a length they cannot back costs nothing), and
+/// serde reserves that many elements, however large each is in memory: a claim is
+/// bounded by the payload, not by what the elements need on the wire. Sequences nested
+/// in a sequence's element can claim the same bytes again before the decode fails, so
+/// the deepest chain counts whole.
+trait Preallocation {
+    fn per_byte() -> u64;
+}
+
+fn size<T>() -> u64 {
+    std::mem::size_of::<T>() as u64
+}
+
+impl Preallocation for ClientMessage {
+    /// `ChatWithTools`: messages, then one message's `tool_calls`; the other sequences
+    /// (`tools`, chat messages, `stop`, `logit_bias`) hold elements no larger and nest
+    /// no deeper.
+    fn per_byte() -> u64 {
+        let chain = size::<ToolChatMessage>() + size::<ToolCall>();
+        [
+            chain,
+            size::<ToolSpec>(),
+            size::<ChatMessage>(),
+            size::<String>(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+}
+
+impl Preallocation for ServerMessage {
+    /// The jobs list's records are the largest elements; none holds a sequence.
+    fn per_byte() -> u64 {
+        [
+            size::<JobRecord>(),
+            size::<ModelInfo>(),
+            size::<TokenPiece>(),
+            size::<(u32, String, f32)>(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+}
 
 /// The most heap decoding may take after `fed` bytes arrived, for frames of `limit`:
-/// the read buffer (at most one frame beyond what arrived, grown by doubling) plus the
-/// decoded message.
-fn heap_bound(fed: usize, limit: usize) -> u64 {
+/// the read buffer (at most one frame beyond what arrived, grown by doubling), the
+/// decoded message, and what serde reserved for sequences on the way.
+fn heap_bound<T: Preallocation>(fed: usize, limit: usize) -> u64 {
     let buffer = 2 * (fed + limit + HEADER_BYTES) as u64;
-    buffer + PER_PAYLOAD_BYTE * fed.min(limit) as u64 + (16 << 10)
+    let payload = fed.min(limit) as u64;
+    buffer + (DECODED_PER_BYTE + T::per_byte()) * payload + (16 << 10)
 }
 
 /// What one decode call may legitimately return.
@@ -45,7 +92,7 @@ fn acceptable<T>(result: &Result<Option<T>, CodecError>) -> bool {
 
 /// Feeds `bytes` in `chunk`-sized pieces, decoding after each as a framed reader does,
 /// until the input is used up or an error ends the connection. Returns the messages.
-fn decode_stream<T: DeserializeOwned + Serialize>(
+fn decode_stream<T: DeserializeOwned + Serialize + Preallocation>(
     bytes: &[u8],
     chunk: usize,
     limit: usize,
@@ -75,7 +122,7 @@ fn decode_stream<T: DeserializeOwned + Serialize>(
         (messages, None)
     });
     assert!(
-        heap.peak <= heap_bound(bytes.len(), limit),
+        heap.peak <= heap_bound::<T>(bytes.len(), limit),
         "{} heap bytes decoding {} bytes (limit {limit})",
         heap.peak,
         bytes.len()
@@ -131,12 +178,37 @@ fn mutate(frame: &mut Vec<u8>, m: &Mutation) {
 }
 
 /// Decodes a mutated frame: whatever it decodes to must be a message that encodes again.
-fn check_mutated<T: DeserializeOwned + Serialize>(bytes: &[u8], chunk: usize) {
+fn check_mutated<T: DeserializeOwned + Serialize + Preallocation>(bytes: &[u8], chunk: usize) {
     let (messages, _error, _) = decode_stream::<T>(bytes, chunk, DEFAULT_MAX_FRAME_BYTES);
     for m in &messages {
         let mut buf = BytesMut::new();
         encode_frame(m, &mut buf).expect("a decoded message encodes");
     }
+}
+
+/// A jobs list that claims as many records as it has bytes: serde reserves them all
+/// (the allowance above is not slack) and the peak stays within it.
+#[test]
+fn a_claimed_length_the_bytes_can_back_is_reserved_within_the_bound() {
+    let empty = frame(&ServerMessage::Jobs {
+        id: 0,
+        jobs: Vec::new(),
+    });
+    let mut payload = empty[HEADER_BYTES..].to_vec();
+    assert_eq!(payload.pop(), Some(0), "the empty list's length");
+    // 400 as a varint: more records than the old flat allowance covered.
+    let claimed = 400u64;
+    payload.extend([0x80 | (claimed & 0x7F) as u8, (claimed >> 7) as u8]);
+    payload.extend(std::iter::repeat_n(0xFF, claimed as usize));
+    let mut bytes = (payload.len() as u32).to_be_bytes().to_vec();
+    bytes.extend_from_slice(&payload);
+    let (_, _, heap) = decode_stream::<ServerMessage>(&bytes, bytes.len(), 1024);
+    let reserved = claimed * size::<JobRecord>();
+    assert!(
+        heap.peak >= reserved,
+        "{} heap bytes: the {claimed} records claimed were not reserved",
+        heap.peak
+    );
 }
 
 proptest! {
