@@ -50,8 +50,16 @@ fn the_mask_allows_exactly_the_tokens_that_continue_the_json() {
     ];
     for (name, path) in vocabs {
         if let Some(tok) = load(name, path) {
-            check_vocab(name, &tok, JsonConstraint::new(), "any object");
-            check_vocab(name, &tok, JsonConstraint::with_schema(schema()), "schema");
+            check_vocab(name, &tok, JsonConstraint::new(), "any object", TEXT);
+            check_vocab(
+                name,
+                &tok,
+                JsonConstraint::with_schema(schema()),
+                "schema",
+                TEXT,
+            );
+            let patterned = JsonConstraint::with_schema(patterned());
+            check_vocab(name, &tok, patterned, "patterns", PATTERNED_TEXT);
         }
     }
 }
@@ -75,8 +83,28 @@ fn schema() -> Arc<Schema> {
     Arc::new(Schema::compile(&schema.to_string()).expect("compiles"))
 }
 
-fn check_vocab(name: &str, tok: &Tokenizer, mut c: JsonConstraint, what: &str) {
-    let text = "{\n  \"name\": \"Félix 😀\",\n  \"age\": 10, \"tags\": [\"a\\n\", -1.5e+3, true, null],\n  \"x\": {}\n}";
+const TEXT: &str = "{\n  \"name\": \"Félix 😀\",\n  \"age\": 10, \"tags\": [\"a\\n\", -1.5e+3, true, null],\n  \"x\": {}\n}";
+
+/// Strings held to patterns and formats: every token inside them is walked through
+/// the automaton (no plain-text shortcut).
+fn patterned() -> Arc<Schema> {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"},
+            "name": {"type": "string", "pattern": "^[^0-9]+$"},
+            "when": {"type": "string", "format": "date-time"},
+            "mail": {"type": "string", "format": "email"}
+        },
+        "required": ["code", "when"],
+        "additionalProperties": false
+    });
+    Arc::new(Schema::compile(&schema.to_string()).expect("compiles"))
+}
+
+const PATTERNED_TEXT: &str = "{\"code\": \"ABC-123\", \"name\": \"Félix 😀\\n\", \"when\": \"2026-12-05T23:30:00Z\", \"mail\": \"felix@example.com\"}";
+
+fn check_vocab(name: &str, tok: &Tokenizer, mut c: JsonConstraint, what: &str, text: &str) {
     let mut ids = tok.encode(text, false, false);
     // SentencePiece prefixes a space (`▁{`); JSON output starts at the `{` itself.
     let first = tok.token_bytes(ids[0]);

@@ -604,20 +604,20 @@ fn schema_holds_the_answer_to_a_json_schema() {
     );
 
     // What the daemon cannot enforce is refused, saying what and where.
-    let pattern = dir.path().join("pattern.json");
+    let negated = dir.path().join("not.json");
     std::fs::write(
-        &pattern,
-        r#"{"type":"object","properties":{"zip":{"type":"string","pattern":"^[0-9]+$"}}}"#,
+        &negated,
+        r#"{"type":"object","properties":{"zip":{"type":"string","not":{"const":"0"}}}}"#,
     )
     .unwrap();
     let out = spark(
         &d.socket,
-        &["run", "--schema", pattern.to_str().unwrap(), "hi"],
+        &["run", "--schema", negated.to_str().unwrap(), "hi"],
     );
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(
-        err.contains("`pattern`") && err.contains("#/properties/zip"),
+        err.contains("`not`") && err.contains("#/properties/zip"),
         "{err}"
     );
     // A file that is not JSON never reaches the daemon.

@@ -520,21 +520,15 @@ fn sampled_json_output_is_always_a_valid_beginning_and_whole_when_it_stops() {
     assert!(stopped > 0, "no object ever closed: the test shows nothing");
 }
 
-#[test]
-fn json_schema_output_holds_to_the_schema_and_validates_when_it_stops() {
+/// Samples 16 answers of at most `max_tokens` under `schema` with the random model:
+/// each is a beginning the schema allows, and each that stops validates (`format`s
+/// included). How many stopped.
+fn sample_under_schema(schema: &serde_json::Value, max_tokens: u32) -> usize {
     let (engine, _) = engine(true);
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {
-            "a": {"type": "integer", "minimum": 0, "maximum": 9},
-            "b": {"enum": ["x", "yz"]},
-            "c": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
-            "d": {"type": "string", "maxLength": 3}
-        },
-        "required": ["a", "b"],
-        "additionalProperties": false
-    });
-    let validator = jsonschema::validator_for(&schema).expect("a valid schema");
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+        .expect("a valid schema");
     let compiled = crate::text::schema::Schema::compile(&schema.to_string()).unwrap();
     let mut stopped = 0;
     for seed in 0..16 {
@@ -552,7 +546,7 @@ fn json_schema_output_holds_to_the_schema_and_validates_when_it_stops() {
         let format = OutputFormat::JsonSchema {
             schema: schema.to_string(),
         };
-        let events = submit_as(&engine, seed + 1, "data:", 64, sampling, format);
+        let events = submit_as(&engine, seed + 1, "data:", max_tokens, sampling, format);
         let (_, answer, done) = collect(events);
         let mut frames = crate::text::schema::FrameStack::default();
         let mut state = crate::text::schema::SchemaState::new(&compiled);
@@ -575,7 +569,43 @@ fn json_schema_output_holds_to_the_schema_and_validates_when_it_stops() {
             other => panic!("seed {seed}: finished {other:?}"),
         }
     }
-    eprintln!("{stopped} of 16 objects closed within 64 tokens");
+    eprintln!("{stopped} of 16 objects closed within {max_tokens} tokens");
+    stopped
+}
+
+#[test]
+fn json_schema_output_holds_to_the_schema_and_validates_when_it_stops() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 9},
+            "b": {"enum": ["x", "yz"]},
+            "c": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+            "d": {"type": "string", "maxLength": 3}
+        },
+        "required": ["a", "b"],
+        "additionalProperties": false
+    });
+    let stopped = sample_under_schema(&schema, 64);
+    assert!(
+        stopped >= 4,
+        "{stopped} objects closed: the test shows little"
+    );
+}
+
+#[test]
+fn patterned_and_formatted_strings_hold_in_sampled_output() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "day": {"type": "string", "format": "date"},
+            "code": {"type": "string", "pattern": "^[A-C]{2}-[0-9]{1,3}$"},
+            "id": {"type": "string", "format": "uuid"}
+        },
+        "required": ["day", "code"],
+        "additionalProperties": false
+    });
+    let stopped = sample_under_schema(&schema, 96);
     assert!(
         stopped >= 4,
         "{stopped} objects closed: the test shows little"
@@ -752,7 +782,7 @@ fn tool_requests_that_cannot_be_served_are_refused_with_the_reason() {
                 name: "f".into(),
                 description: String::new(),
                 parameters:
-                    r#"{"type":"object","properties":{"z":{"type":"string","pattern":"^a"}}}"#
+                    r#"{"type":"object","properties":{"z":{"type":"string","pattern":"(?=a)"}}}"#
                         .into(),
                 strict: true,
             }],

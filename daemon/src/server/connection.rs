@@ -18,7 +18,7 @@ use spark_client::{
     codec::{CodecError, MessageCodec},
     protocol::{
         ClientMessage, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, Hello, OutputFormat,
-        ServerMessage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+        PromptInput, ServerMessage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
     },
 };
 use tokio::{
@@ -359,6 +359,11 @@ impl Connection {
             self.reply(request_error(id, ErrorKind::DuplicateId, message));
             return;
         }
+        // A JSON Schema or tool list is compiled to automata while submitting, which for a
+        // large pattern takes a good fraction of a second: not on a worker other
+        // connections' streams wait for.
+        let compiles = matches!(format, OutputFormat::JsonSchema { .. })
+            || matches!(request.input, PromptInput::ChatWithTools { .. });
         let submission = Submission {
             conn: self.conn,
             client: self.client,
@@ -367,7 +372,12 @@ impl Connection {
             arrived,
             events: self.events_tx.clone(),
         };
-        match self.engine.submit(submission) {
+        let submitted = if compiles {
+            off_the_runtime(|| self.engine.submit(submission))
+        } else {
+            self.engine.submit(submission)
+        };
+        match submitted {
             Ok(()) => self.generations += 1,
             Err(rejection) => {
                 self.running.remove(&id);
@@ -503,4 +513,13 @@ fn request_error(id: u64, kind: ErrorKind, message: String) -> ServerMessage {
 /// A client-chosen name, safe for a log line.
 fn printable(name: &str) -> String {
     name.chars().filter(|c| !c.is_control()).take(64).collect()
+}
+
+/// Runs `f`, CPU-bound work, telling a multi-threaded runtime to move its other tasks to
+/// other workers meanwhile; elsewhere (a current-thread runtime in tests) just runs it.
+fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }

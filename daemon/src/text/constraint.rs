@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::json::JsonAcceptor;
 use super::sampler::TokenFilter;
-use super::schema::{FrameStack, Schema, SchemaState};
+use super::schema::{FrameStack, Pattern, PatternString, PatternWalk, Schema, SchemaState};
 use super::Tokenizer;
 
 /// Whether `id` stands for text the output may hold: not a control, unknown or
@@ -63,6 +63,8 @@ pub struct ByteOrderedVocab {
     /// The plain tokens by how many characters each begins (an escape is one), for
     /// strings with a length limit: `(characters, id)`, fewest first.
     plain_by_chars: Vec<(u32, u32)>,
+    /// The plain tokens in byte order, walked through a string's pattern alone.
+    plain_order: TokenOrder,
     /// The text tokens that are not plain string text.
     not_plain: TokenOrder,
 }
@@ -75,6 +77,7 @@ impl ByteOrderedVocab {
         let mut plain = vec![0u64; tok.vocab_size().div_ceil(64)];
         let mut not_plain = Vec::new();
         let mut plain_by_chars = Vec::new();
+        let mut plain_ids = Vec::new();
         for &id in &text {
             // Without a quote the string cannot end (and another begin) inside the token.
             let bytes = tok.token_bytes(id);
@@ -87,6 +90,7 @@ impl ByteOrderedVocab {
             if !bytes.contains(&b'"') && accepted && a.in_plain_string() {
                 plain[id as usize / 64] |= 1 << (id % 64);
                 plain_by_chars.push((chars, id));
+                plain_ids.push(id);
             } else {
                 not_plain.push(id);
             }
@@ -99,6 +103,7 @@ impl ByteOrderedVocab {
                 plain_by_chars.sort_unstable();
                 plain_by_chars
             },
+            plain_order: TokenOrder::new(tok, plain_ids),
             not_plain: TokenOrder::new(tok, not_plain),
         }
     }
@@ -116,6 +121,9 @@ pub struct JsonConstraint {
     committed: usize,
     /// The state after each prefix of the token being tried (index = bytes fed).
     path: Vec<SchemaState>,
+    /// The same for plain tokens walked through a string's pattern: the automaton's
+    /// progress and the characters so far.
+    pattern_path: Vec<(PatternWalk, u32)>,
     /// One bit per token id: allowed by the last mask.
     allowed: Vec<u64>,
 }
@@ -146,6 +154,7 @@ impl JsonConstraint {
             frames: FrameStack::default(),
             committed: 0,
             path: Vec::new(),
+            pattern_path: Vec::new(),
             allowed: Vec::new(),
         }
     }
@@ -197,6 +206,21 @@ impl JsonConstraint {
         self.allowed.clear();
         let longest_plain = vocab.plain_by_chars.last().map_or(0, |&(n, _)| n);
         let (order, mut count) = match self.state.plain_string_room() {
+            // A string held to a pattern: plain tokens through the automaton alone,
+            // sharing prefixes as below; the others through the whole state.
+            None if self.state.pattern_string().is_some() => {
+                self.allowed.resize(tok.vocab_size().div_ceil(64), 0);
+                let string = self.state.pattern_string().expect("checked above");
+                let count = walk_through_pattern(
+                    self.schema.pattern(string.index),
+                    string,
+                    &vocab.plain_order,
+                    tok,
+                    &mut self.pattern_path,
+                    &mut self.allowed,
+                );
+                (&vocab.not_plain, count)
+            }
             Some(room) if room >= longest_plain => {
                 self.allowed.extend_from_slice(&vocab.plain);
                 (&vocab.not_plain, vocab.plain_count)
@@ -251,6 +275,49 @@ impl JsonConstraint {
             .get(id / 64)
             .is_some_and(|w| w >> (id % 64) & 1 == 1)
     }
+}
+
+/// Marks in `allowed` the tokens of `order` (plain string text) whose bytes continue
+/// `string` under its pattern; returns how many. The same trie walk as
+/// [`JsonConstraint::walk`], over the automaton's state only: plain text can neither
+/// end the string nor escape, so the JSON syntax has nothing to say about it.
+fn walk_through_pattern(
+    pattern: &Pattern,
+    string: PatternString,
+    order: &TokenOrder,
+    tok: &Tokenizer,
+    path: &mut Vec<(PatternWalk, u32)>,
+    allowed: &mut [u64],
+) -> usize {
+    path.clear();
+    path.push((string.walk, string.chars));
+    let mut count = 0;
+    let mut refused_at = usize::MAX;
+    for (&id, &shared) in order.ids.iter().zip(&order.shared) {
+        let shared = shared as usize;
+        if shared >= refused_at {
+            continue;
+        }
+        path.truncate(shared + 1);
+        let (mut walk, mut chars) = path[shared];
+        refused_at = usize::MAX;
+        for (k, &b) in tok.token_bytes(id)[shared..].iter().enumerate() {
+            // Plain tokens hold whole characters: a byte starts one unless it is a
+            // UTF-8 continuation byte.
+            let starts = !(0x80..=0xBF).contains(&b);
+            chars += u32::from(starts);
+            if !pattern.feed(&mut walk, b, starts, chars, string.min, string.max) {
+                refused_at = shared + k + 1;
+                break;
+            }
+            path.push((walk, chars));
+        }
+        if refused_at == usize::MAX {
+            allowed[id as usize / 64] |= 1 << (id % 64);
+            count += 1;
+        }
+    }
+    count
 }
 
 /// A [`JsonConstraint`] with the vocabulary it reads tokens from, as the sampler takes
@@ -402,6 +469,8 @@ mod tests {
                 "n": {"type": "number", "minimum": -2, "maximum": 12.5},
                 "i": {"type": "integer", "exclusiveMinimum": 0},
                 "free": {"type": "string"},
+                "zip": {"type": "string", "pattern": "^[0-9]{3}(-[0-9]{2})?$"},
+                "day": {"type": "string", "format": "date"},
                 "x": {"anyOf": [
                     {"type": "object", "additionalProperties": {"type": "boolean"}},
                     {"type": "null"}
@@ -414,7 +483,7 @@ mod tests {
         for text in [
             r#"{"name": "sparkd", "tags": ["fast", 12, null, "étéé"], "n": -1.5, "i": 3, "x": {"a": true}}"#,
             r#"{
-  "free": "\ud83d\ude00 😀 été\n","i":12,"x":null,"name":"é"}"#,
+  "free": "\ud83d\ude00 😀 été\n","i":12,"x":null,"name":"é", "zip": "123-45", "day": "2024-02-29"}"#,
         ] {
             walk_matches_brute_force_along(JsonConstraint::with_schema(schema.clone()), &tok, text);
         }

@@ -2,6 +2,7 @@
 
 use super::compile::{nesting, Node, NodeId, ObjectNode, Schema, ANY};
 use super::number::NumberProgress;
+use super::pattern::PatternWalk;
 use crate::text::json::{Event, JsonAcceptor, Step, MAX_DEPTH};
 
 /// No enclosing frame (the innermost container is the top-level object).
@@ -61,16 +62,33 @@ enum Pending {
         matched: u32,
         depth: u8,
     },
-    /// A string: characters begun so far, and the bounds.
+    /// A string: characters begun so far, the bounds, and where its pattern (by index
+    /// in the schema) has got to.
     Str {
         chars: u32,
         min: u32,
         max: u32,
+        pattern: Option<(u32, PatternWalk)>,
     },
     Number {
         node: NodeId,
         progress: NumberProgress,
     },
+}
+
+/// A string held to a pattern, between characters: plain string text (no quote,
+/// backslash or control character) continues it exactly when its bytes walk
+/// [`Pattern::feed`](super::pattern::Pattern::feed) from here, each character counted
+/// once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatternString {
+    /// The pattern's index ([`Schema::pattern`]).
+    pub index: u32,
+    pub walk: PatternWalk,
+    /// Characters so far.
+    pub chars: u32,
+    pub min: u32,
+    pub max: u32,
 }
 
 /// A JSON text read so far against a schema. `Copy`, apart from the enclosing frames
@@ -128,9 +146,37 @@ impl SchemaState {
             return None;
         }
         match self.pending {
+            // Every byte goes through the pattern's automaton.
+            Pending::Str {
+                pattern: Some(_), ..
+            } => None,
             Pending::Str { max: u32::MAX, .. } => Some(u32::MAX),
             Pending::Str { chars, max, .. } => Some(max - chars),
             Pending::Key { free: true, .. } => Some(u32::MAX),
+            _ => None,
+        }
+    }
+
+    /// Inside a string held to a pattern, between characters: where its pattern has
+    /// got to, for walking plain string text through the automaton alone (see
+    /// [`PatternString`]).
+    pub fn pattern_string(&self) -> Option<PatternString> {
+        if !self.json.in_plain_string() {
+            return None;
+        }
+        match self.pending {
+            Pending::Str {
+                chars,
+                min,
+                max,
+                pattern: Some((index, walk)),
+            } => Some(PatternString {
+                index,
+                walk,
+                chars,
+                min,
+                max,
+            }),
             _ => None,
         }
     }
@@ -173,19 +219,43 @@ impl SchemaState {
                 _ => true,
             },
             Event::StrText => match &mut self.pending {
-                Pending::Str { chars, max, .. } if boundary => {
-                    *chars += 1;
-                    *chars <= *max
+                Pending::Str {
+                    chars,
+                    min,
+                    max,
+                    pattern,
+                } => {
+                    if boundary {
+                        *chars += 1;
+                        if *chars > *max {
+                            return false;
+                        }
+                    }
+                    match pattern {
+                        Some((index, walk)) => schema
+                            .pattern(*index)
+                            .feed(walk, b, boundary, *chars, *min, *max),
+                        None => true,
+                    }
                 }
                 _ => true,
             },
             Event::StrClose => {
-                let long_enough = match self.pending {
-                    Pending::Str { chars, min, .. } => chars >= min,
+                let complete = match self.pending {
+                    Pending::Str {
+                        chars,
+                        min,
+                        pattern,
+                        ..
+                    } => {
+                        chars >= min
+                            && pattern
+                                .is_none_or(|(index, walk)| schema.pattern(index).may_close(&walk))
+                    }
                     _ => true,
                 };
                 self.pending = Pending::Nothing;
-                long_enough
+                complete
             }
             Event::KeyOpen => {
                 self.pending = match schema.node(self.top.node) {
@@ -348,11 +418,12 @@ impl SchemaState {
                 };
                 self.feed_literal(schema, b)
             }
-            Node::String { min, max } => {
+            Node::String { min, max, pattern } => {
                 self.pending = Pending::Str {
                     chars: 0,
                     min: *min,
                     max: *max,
+                    pattern: pattern.map(|index| (index, schema.pattern(index).begin())),
                 };
                 true
             }
@@ -367,6 +438,7 @@ impl SchemaState {
                     chars: 0,
                     min: 0,
                     max: u32::MAX,
+                    pattern: None,
                 };
                 true
             }

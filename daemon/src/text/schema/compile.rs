@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+use super::format::format_regex;
 use super::number::Bounds;
+use super::pattern::Pattern;
 use crate::text::json::MAX_DEPTH;
 
 /// Index of a node in [`Schema::nodes`].
@@ -49,10 +51,12 @@ pub enum Node {
         min: u32,
         max: u32,
     },
-    /// Lengths in characters (code points), as JSON Schema counts them.
+    /// Lengths in characters (code points), as JSON Schema counts them; `pattern` an
+    /// index into [`Schema::patterns`] (from `pattern` or an enforced `format`).
     String {
         min: u32,
         max: u32,
+        pattern: Option<u32>,
     },
     Number {
         integer: bool,
@@ -106,8 +110,14 @@ pub struct Schema {
     /// Each node's shallowest value: how many levels of containers it opens (0 for
     /// scalars), where nesting stops at `json::MAX_DEPTH`.
     min_depth: Vec<u8>,
+    /// The string patterns `Node::String` points at.
+    patterns: Vec<Pattern>,
     root: NodeId,
 }
+
+/// Most distinct patterns (and enforced formats) in one schema: each is an automaton
+/// built per request.
+const MAX_PATTERNS: usize = 64;
 
 impl Default for Schema {
     /// Any JSON object (what `OutputFormat::JsonObject` asks for).
@@ -131,8 +141,8 @@ const ANNOTATIONS: &[&str] = &[
     "deprecated",
     "readOnly",
     "writeOnly",
-    // An annotation by default in JSON Schema 2020-12 (validators need not assert
-    // it); the description usually tells the model the same.
+    // An annotation by default in JSON Schema 2020-12; the formats OpenAI enforces
+    // are enforced (see `format_regex`), others stay notes.
     "format",
     "contentEncoding",
     "contentMediaType",
@@ -146,7 +156,6 @@ const ANNOTATIONS: &[&str] = &[
 /// Keywords sparkd does not enforce: a schema using them is refused rather than
 /// answered with text that may not match it.
 const UNSUPPORTED: &[&str] = &[
-    "pattern",
     "patternProperties",
     "propertyNames",
     "minProperties",
@@ -182,13 +191,15 @@ impl Schema {
     /// Enforced: `type` (one or a list), `properties`, `required`,
     /// `additionalProperties` (`false`, `true` or a schema), `items` (one schema),
     /// `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`, `maximum`,
-    /// `exclusiveMinimum`, `exclusiveMaximum`, `enum`, `const`, `anyOf` and `oneOf`
+    /// `exclusiveMinimum`, `exclusiveMaximum`, `pattern` (ECMA-262 without look-around
+    /// or back-references), `format` for `date`, `time`, `date-time`, `duration`,
+    /// `uuid`, `ipv4`, `ipv6`, `hostname` and `email`, `enum`, `const`, `anyOf` and `oneOf`
     /// whose alternatives begin differently (a string or null, say) or are objects told
     /// apart by a tag (see [`Node::Tagged`]), `allOf` of one
     /// schema, and `$ref` to a place in the same document (`#/$defs/…`, `#`, any JSON
     /// pointer), recursive ones too. Annotations (`title`, `description`, `default`,
-    /// `format`…) are ignored, as validators do by default; unknown keywords too.
-    /// Refused: `pattern`, `not`, `if`, `multipleOf`, `uniqueItems` and the others in
+    /// other `format`s…) are ignored, as validators do by default; unknown keywords too.
+    /// Refused: `patternProperties`, `not`, `if`, `multipleOf`, `uniqueItems` and the others in
     /// `UNSUPPORTED`, and alternatives that can begin alike (two objects, say).
     ///
     /// What is generated: each listed property at most once and in any order, every
@@ -206,6 +217,7 @@ impl Schema {
             document: &document,
             nodes: vec![Node::Any],
             by_pointer: HashMap::new(),
+            patterns: Vec::new(),
         };
         let root = compiler.reference("")?;
         let (mut schema, finite) = compiler.finish()?;
@@ -233,6 +245,11 @@ impl Schema {
 
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id as usize]
+    }
+
+    /// A string node's pattern.
+    pub fn pattern(&self, index: u32) -> &Pattern {
+        &self.patterns[index as usize]
     }
 
     /// How many levels of containers the shallowest value of node `id` opens.
@@ -281,6 +298,9 @@ struct Compiler<'a> {
     /// Nodes already made for `$ref` targets (and the root), by JSON pointer: what
     /// makes a recursive schema a cycle in the graph rather than endless.
     by_pointer: HashMap<String, NodeId>,
+    /// Patterns compiled so far, with the text or format each came from (one automaton
+    /// per distinct one).
+    patterns: Vec<(String, Pattern)>,
 }
 
 impl Compiler<'_> {
@@ -469,7 +489,30 @@ impl Compiler<'_> {
             }
             "string" => {
                 let (min, max) = length_bounds(map, "minLength", "maxLength", at)?;
-                Node::String { min, max }
+                let (pattern, max) = match self.string_pattern(map, at)? {
+                    Some((index, most)) => (Some(index), max.min(most)),
+                    None => (None, max),
+                };
+                if min > max {
+                    return error(at, "`minLength` is above the format's longest value");
+                }
+                if let Some(index) = pattern {
+                    let p = &self.patterns[index as usize].1;
+                    let fits = p
+                        .lengths()
+                        .is_some_and(|(fewest, most)| fewest <= max && most >= min);
+                    if !fits {
+                        return error(
+                            at,
+                            format!(
+                                "no string {} matches `{}`",
+                                length_words(min, max),
+                                p.source()
+                            ),
+                        );
+                    }
+                }
+                Node::String { min, max, pattern }
             }
             "number" | "integer" => {
                 let integer = t == "integer";
@@ -498,6 +541,41 @@ impl Compiler<'_> {
             }
         };
         self.push(node, at)
+    }
+
+    /// The pattern a string schema is held to, and the most characters its format
+    /// allows: `pattern` where there is one (a `format` beside it stays a note, as
+    /// JSON Schema has it by default), else an enforced `format`.
+    fn string_pattern(
+        &mut self,
+        map: &Map<String, Value>,
+        at: &str,
+    ) -> Result<Option<(u32, u32)>, SchemaError> {
+        let (key, compiled, most) = match (map.get("pattern"), map.get("format")) {
+            (Some(Value::String(text)), _) => (format!("pattern {text}"), None, u32::MAX),
+            (Some(_), _) => return error(at, "`pattern` must be a string"),
+            (None, Some(Value::String(format))) => match format_regex(format) {
+                Some((regex, most)) => (format!("format {format}"), Some((regex, format)), most),
+                None => return Ok(None),
+            },
+            (None, _) => return Ok(None),
+        };
+        if let Some(i) = self.patterns.iter().position(|(k, _)| *k == key) {
+            return Ok(Some((i as u32, most)));
+        }
+        if self.patterns.len() >= MAX_PATTERNS {
+            return error(at, format!("more than {MAX_PATTERNS} distinct patterns"));
+        }
+        let pattern = match compiled {
+            Some((regex, format)) => Pattern::regex(format, &regex),
+            None => Pattern::ecma(map["pattern"].as_str().expect("matched a string")),
+        };
+        let pattern = match pattern {
+            Ok(p) => p,
+            Err(message) => return error(&format!("{at}/pattern"), message),
+        };
+        self.patterns.push((key, pattern));
+        Ok(Some((self.patterns.len() as u32 - 1, most)))
     }
 
     fn object(&mut self, map: &Map<String, Value>, at: &str) -> Result<ObjectNode, SchemaError> {
@@ -583,6 +661,7 @@ impl Compiler<'_> {
             nodes: self.nodes,
             first: Vec::new(),
             min_depth: Vec::new(),
+            patterns: self.patterns.into_iter().map(|(_, p)| p).collect(),
             root: ANY,
         };
         // A cycle of `$ref`s with no value in between describes nothing.
@@ -930,7 +1009,12 @@ fn infer_type(map: &Map<String, Value>) -> &'static str {
         "object"
     } else if has(&["items", "minItems", "maxItems"]) {
         "array"
-    } else if has(&["minLength", "maxLength"]) {
+    } else if has(&["minLength", "maxLength", "pattern"])
+        || map
+            .get("format")
+            .and_then(Value::as_str)
+            .is_some_and(|f| format_regex(f).is_some())
+    {
         "string"
     } else if has(&["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) {
         "number"
@@ -993,6 +1077,16 @@ fn length_bounds(
         return error(at, format!("`{min_key}` is above `{max_key}`"));
     }
     Ok((min, max))
+}
+
+/// "of 3 to 8 characters", for errors.
+fn length_words(min: u32, max: u32) -> String {
+    match (min, max) {
+        (0, u32::MAX) => "at all".into(),
+        (min, u32::MAX) => format!("of at least {min} characters"),
+        (0, max) => format!("of at most {max} characters"),
+        (min, max) => format!("of {min} to {max} characters"),
+    }
 }
 
 fn number_bounds(map: &Map<String, Value>, at: &str) -> Result<Bounds, SchemaError> {

@@ -14,10 +14,13 @@
 
 mod accept;
 mod compile;
+mod format;
 mod number;
+mod pattern;
 
-pub use accept::{FrameStack, SchemaState};
+pub use accept::{FrameStack, PatternString, SchemaState};
 pub use compile::{Schema, SchemaError};
+pub use pattern::{Pattern, PatternWalk};
 
 #[cfg(test)]
 mod tests;

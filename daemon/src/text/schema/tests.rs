@@ -132,6 +132,30 @@ fn tagged() -> Value {
     })
 }
 
+/// Strings held to patterns and formats, with length bounds that narrow them.
+fn patterns() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "zip": {"type": "string", "pattern": "^[0-9]{5}(-[0-9]{4})?$"},
+            "code": {"type": "string", "pattern": "[A-Z]{2}", "maxLength": 4},
+            "word": {"type": "string", "pattern": "^(a|bcdef|g+)$", "minLength": 3, "maxLength": 6},
+            "esc": {"type": "string", "pattern": "^a[\n\"\\\\]b$"},
+            "when": {"type": "string", "format": "date-time"},
+            "day": {"type": ["string", "null"], "format": "date"},
+            "span": {"type": "string", "format": "duration"},
+            "id": {"type": "string", "format": "uuid"},
+            "mail": {"type": "string", "format": "email"},
+            "host": {"type": "string", "format": "hostname", "maxLength": 12},
+            "ip": {"type": "string", "format": "ipv6"},
+            "ip4": {"format": "ipv4"},
+            "t": {"type": "string", "format": "time"}
+        },
+        "required": ["zip", "when"],
+        "additionalProperties": false
+    })
+}
+
 fn any_object() -> Value {
     json!({"type": "object"})
 }
@@ -149,8 +173,18 @@ fn all_schemas() -> Vec<(&'static str, Value)> {
             k
         }),
         ("tagged", tagged()),
+        ("patterns", patterns()),
         ("any object", any_object()),
     ]
+}
+
+/// The reference validator, checking `format`s too (sparkd enforces the ones OpenAI
+/// does).
+fn validator_for(document: &Value) -> jsonschema::Validator {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(document)
+        .expect("a valid schema")
 }
 
 fn compile(schema: &Value) -> Schema {
@@ -246,7 +280,7 @@ fn random_text(schema: &Schema, rng: &mut Rng, soft_len: usize, hard_len: usize)
 fn random_accepted_texts_validate_and_never_reach_a_dead_end() {
     for (name, document) in all_schemas() {
         let schema = compile(&document);
-        let validator = jsonschema::validator_for(&document).expect("a valid schema");
+        let validator = validator_for(&document);
         let mut finished = 0;
         for seed in 1..=300u64 {
             let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -426,6 +460,103 @@ fn a_dead_end_is_refused_at_its_first_byte() {
 }
 
 #[test]
+fn strings_follow_their_patterns_and_enforced_formats() {
+    let schema = compile(&patterns());
+    let base = r#""zip":"12345","when":"2026-12-05T23:30:00Z""#;
+    let with = |extra: &str| format!("{{{base}{extra}}}");
+    for extra in [
+        "",
+        r#","zip2":1"#,
+        r#","code":"xAB""#,
+        r#","word":"bcdef""#,
+        r#","word":"ggg""#,
+        r#","esc":"a\nb""#,
+        r#","esc":"a\\b""#,
+        r#","esc":"a\u000ab""#,
+        r#","day":null"#,
+        r#","day":"2024-02-29""#,
+        r#","ip4":"10.0.0.1""#,
+    ] {
+        let text = with(extra);
+        let accepted = accepts(&schema, &text);
+        // `zip2` is not a listed property: the one refusal among these.
+        assert_eq!(accepted, extra != r#","zip2":1"#, "{text}");
+    }
+    for (extra, why) in [
+        (r#","code":"xyz""#, "no two capitals"),
+        (r#","code":"xxxAB""#, "past maxLength"),
+        (r#","word":"a""#, "below minLength"),
+        (r#","word":"ggggggg""#, "past maxLength"),
+        (r#","esc":"a\tb""#, "an escape the pattern refuses"),
+        (
+            r#","esc":"a\u0041b""#,
+            "a letter as \\u0041: only control characters so",
+        ),
+        (r#","day":"2026-02-29""#, "not a leap year"),
+        (r#","host":"abc.example.com""#, "past maxLength"),
+        (r#","mail":"joe@""#, "no domain"),
+        (r#","ip4":"10.0.0.256""#, "octet past 255"),
+    ] {
+        let text = with(extra);
+        assert!(!accepts(&schema, &text), "{why}: {text}");
+    }
+    let zip_too_short = r#"{"zip":"1234","when":"2026-12-05T23:30:00Z"}"#;
+    assert!(!accepts(&schema, zip_too_short));
+    // Refused at the first byte that rules a match out, not at the closing quote.
+    assert!(!accepts_prefix(&schema, r#"{"zip":"1234x"#));
+    assert!(!accepts_prefix(&schema, r#"{"when":"2026-13"#));
+    assert!(accepts_prefix(&schema, r#"{"when":"2026-12"#));
+    // Formats sparkd does not enforce stay annotations.
+    let uri = compile(
+        &json!({"type": "object", "properties": {"u": {"type": "string", "format": "uri"}}}),
+    );
+    assert!(accepts(&uri, r#"{"u":"]]"}"#));
+}
+
+#[test]
+fn patterns_that_cannot_be_followed_or_matched_are_refused_with_a_reason() {
+    for (schema, at, expected) in [
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)x"}}}),
+            "/properties/a/pattern",
+            "look-around",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a)\\1"}}}),
+            "/properties/a/pattern",
+            "back-references",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^[0-9]{5}$", "maxLength": 3}}}),
+            "/properties/a",
+            "no string of at most 3 characters matches `^[0-9]{5}$`",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "format": "uuid", "minLength": 40}}}),
+            "/properties/a",
+            "no string of at least 40 characters matches `uuid`",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "format": "email", "minLength": 300}}}),
+            "/properties/a",
+            "`minLength` is above the format's longest value",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}}),
+            "/properties/a",
+            "`pattern` must be a string",
+        ),
+    ] {
+        let err = Schema::compile(&schema.to_string()).expect_err(&schema.to_string());
+        assert_eq!(err.at, at, "{err}");
+        assert!(
+            err.message.contains(expected),
+            "{err} (wanted {expected:?})"
+        );
+    }
+}
+
+#[test]
 fn recursive_schemas_follow_their_references() {
     let tree = compile(&tree());
     assert!(accepts(
@@ -444,8 +575,8 @@ fn recursive_schemas_follow_their_references() {
 fn unsupported_or_impossible_schemas_are_refused_with_a_reason() {
     for (schema, expected) in [
         (
-            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}),
-            "`pattern` is not supported",
+            json!({"type": "object", "patternProperties": {"^x": {}}}),
+            "`patternProperties` is not supported",
         ),
         (
             json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {"x": {}}}]}}}),
@@ -531,7 +662,12 @@ fn annotations_and_draft_4_forms_are_understood() {
         "definitions": {"O": {"type": "object", "properties": {"k": {"type": "boolean"}}}},
         "required": ["n"]
     }));
-    assert!(accepts(&schema, r#"{"n":1.5,"when":"now","o":{"k":true}}"#));
+    assert!(accepts(
+        &schema,
+        r#"{"n":1.5,"when":"2026-12-05T23:30:00Z","o":{"k":true}}"#
+    ));
+    // `format`s OpenAI enforces are enforced.
+    assert!(!accepts(&schema, r#"{"n":1.5,"when":"now"}"#));
     assert!(!accepts(&schema, r#"{"n":0}"#));
     assert!(!accepts(&schema, r#"{"n":2}"#));
     assert!(!accepts(&schema, r#"{"n":1,"o":{"k":1}}"#));
@@ -682,7 +818,7 @@ mod arbitrary {
             let Ok(schema) = Schema::compile(&document.to_string()) else {
                 return Ok(()); // refused with a message: alternatives that begin alike, say
             };
-            let validator = jsonschema::validator_for(&document).expect("a valid schema");
+            let validator = validator_for(&document);
             let mut rng = Rng(seed | 1);
             for _ in 0..4 {
                 // `random_text` asserts that every step leaves a way on.
