@@ -193,12 +193,15 @@ class Visit(pydantic.BaseModel):
     code: str = pydantic.Field(pattern=r"^[A-Z]{3}-[0-9]{3}$")
     day: datetime.date
     starts: datetime.datetime
-    visitor: str = pydantic.Field(json_schema_extra={"format": "email"})
+    # A bound keeps a small model from rambling inside the address.
+    visitor: str = pydantic.Field(max_length=40, json_schema_extra={"format": "email"})
+    spot: typing.Tuple[float, float]
 
 
-def test_patterns_and_formats_are_enforced():
-    # pydantic writes `pattern` for the constrained string and `format` for the date,
-    # the datetime and the e-mail; pydantic's own parsing of the answer checks them.
+def test_patterns_formats_and_tuples_are_enforced():
+    # pydantic writes `pattern` for the constrained string, `format` for the date, the
+    # datetime and the e-mail, and `prefixItems` for the tuple; pydantic's own parsing
+    # of the answer checks them.
     try:
         completion = client.chat.completions.parse(
             model=model_id(),
@@ -412,7 +415,7 @@ TESTS = [
     test_a_repeated_prompt_reports_cached_tokens,
     test_json_object_output_parses,
     test_structured_output_parses_into_a_pydantic_model,
-    test_patterns_and_formats_are_enforced,
+    test_patterns_formats_and_tuples_are_enforced,
     test_a_schema_sparkd_cannot_enforce_is_a_400,
     test_invalid_request_is_a_400,
     test_a_required_tool_call,

@@ -594,15 +594,21 @@ fn json_schema_output_holds_to_the_schema_and_validates_when_it_stops() {
 }
 
 #[test]
-fn patterned_and_formatted_strings_hold_in_sampled_output() {
+fn patterns_formats_and_tuples_hold_in_sampled_output() {
     let schema = serde_json::json!({
         "type": "object",
         "properties": {
             "day": {"type": "string", "format": "date"},
             "code": {"type": "string", "pattern": "^[A-C]{2}-[0-9]{1,3}$"},
-            "id": {"type": "string", "format": "uuid"}
+            "id": {"type": "string", "format": "uuid"},
+            "pair": {
+                "type": "array",
+                "prefixItems": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "boolean"}],
+                "minItems": 2,
+                "maxItems": 2
+            }
         },
-        "required": ["day", "code"],
+        "required": ["day", "code", "pair"],
         "additionalProperties": false
     });
     let stopped = sample_under_schema(&schema, 96);

@@ -376,9 +376,10 @@ impl SchemaState {
                 let (fitting, free) = keys_that_fit(schema, o, self.json.depth());
                 free || fitting & !self.top.seen != 0
             }
-            Node::Array { items, max, .. } => {
-                self.due = *items;
-                self.top.count < *max && schema.fits(*items, self.json.depth())
+            Node::Array { max, .. } => {
+                let item = schema.array_item(self.top.node, self.top.count);
+                self.due = item;
+                self.top.count < *max && schema.fits(item, self.json.depth())
             }
             // Only the tag's value comes before the union becomes one object.
             Node::Tagged(_) => false,
@@ -453,7 +454,7 @@ impl SchemaState {
                     count: 0,
                 };
                 self.due = match schema.node(node) {
-                    Node::Array { items, .. } => *items,
+                    Node::Array { .. } => schema.array_item(node, 0),
                     _ => ANY,
                 };
                 true

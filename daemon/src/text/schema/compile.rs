@@ -46,7 +46,10 @@ pub enum Node {
     /// Any JSON value.
     Any,
     Object(ObjectNode),
+    /// `prefix`: the schemas of the first items, in order (`prefixItems`, or draft 4
+    /// to 7's `items` as a list); `items` the schema of those after them.
     Array {
+        prefix: Vec<NodeId>,
         items: NodeId,
         min: u32,
         max: u32,
@@ -164,8 +167,6 @@ const UNSUPPORTED: &[&str] = &[
     "contains",
     "minContains",
     "maxContains",
-    "prefixItems",
-    "additionalItems",
     "unevaluatedItems",
     "unevaluatedProperties",
     "not",
@@ -190,6 +191,8 @@ impl Schema {
     ///
     /// Enforced: `type` (one or a list), `properties`, `required`,
     /// `additionalProperties` (`false`, `true` or a schema), `items` (one schema),
+    /// `prefixItems` (tuples; and drafts 4 to 7's `items` as a list with
+    /// `additionalItems`),
     /// `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`, `maximum`,
     /// `exclusiveMinimum`, `exclusiveMaximum`, `pattern` (ECMA-262 without look-around
     /// or back-references), `format` for `date`, `time`, `date-time`, `duration`,
@@ -245,6 +248,16 @@ impl Schema {
 
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id as usize]
+    }
+
+    /// The schema of item `index` (from 0) of array node `id`.
+    pub fn array_item(&self, id: NodeId, index: u32) -> NodeId {
+        match self.node(id) {
+            Node::Array { prefix, items, .. } => {
+                prefix.get(index as usize).copied().unwrap_or(*items)
+            }
+            _ => ANY,
+        }
     }
 
     /// A string node's pattern.
@@ -476,17 +489,7 @@ impl Compiler<'_> {
     ) -> Result<NodeId, SchemaError> {
         let node = match t {
             "object" => Node::Object(self.object(map, at)?),
-            "array" => {
-                let items = match map.get("items") {
-                    None => ANY,
-                    Some(Value::Array(_)) => {
-                        return error(at, "`items` as a list (tuples) is not supported")
-                    }
-                    Some(items) => self.schema(items, &format!("{at}/items"))?,
-                };
-                let (min, max) = length_bounds(map, "minItems", "maxItems", at)?;
-                Node::Array { items, min, max }
-            }
+            "array" => self.array(map, at)?,
             "string" => {
                 let (min, max) = length_bounds(map, "minLength", "maxLength", at)?;
                 let (pattern, max) = match self.string_pattern(map, at)? {
@@ -541,6 +544,56 @@ impl Compiler<'_> {
             }
         };
         self.push(node, at)
+    }
+
+    /// An array: its first items' own schemas (`prefixItems`, or `items` as a list as
+    /// drafts 4 to 7 write tuples), then the schema of the rest (`items`, or
+    /// `additionalItems` after a list), `false` closing the array after the prefix.
+    fn array(&mut self, map: &Map<String, Value>, at: &str) -> Result<Node, SchemaError> {
+        let (prefix_key, rest_key) = match (map.get("prefixItems"), map.get("items")) {
+            (Some(_), Some(Value::Array(_))) => {
+                return error(at, "`prefixItems` beside `items` as a list")
+            }
+            (Some(_), _) => ("prefixItems", "items"),
+            (None, Some(Value::Array(_))) => ("items", "additionalItems"),
+            (None, _) => ("", "items"),
+        };
+        let mut prefix = Vec::new();
+        if !prefix_key.is_empty() {
+            let Some(list) = map[prefix_key].as_array() else {
+                return error(at, format!("`{prefix_key}` must be a list of schemas"));
+            };
+            for (i, item) in list.iter().enumerate() {
+                prefix.push(self.schema(item, &format!("{at}/{prefix_key}/{i}"))?);
+            }
+        }
+        let (min, mut max) = length_bounds(map, "minItems", "maxItems", at)?;
+        let items = match map.get(rest_key) {
+            None | Some(Value::Bool(true)) => ANY,
+            // No items past the prefix.
+            Some(Value::Bool(false)) => {
+                max = max.min(prefix.len() as u32);
+                ANY
+            }
+            Some(Value::Array(_)) => {
+                return error(at, format!("`{rest_key}` as a list after `{prefix_key}`"))
+            }
+            Some(items) => self.schema(items, &format!("{at}/{rest_key}"))?,
+        };
+        if min > max {
+            return error(
+                at,
+                format!(
+                    "`minItems` {min} but at most {max} items are allowed after `{rest_key}`: false"
+                ),
+            );
+        }
+        Ok(Node::Array {
+            prefix,
+            items,
+            min,
+            max,
+        })
     }
 
     /// The pattern a string schema is held to, and the most characters its format
@@ -689,7 +742,12 @@ impl Compiler<'_> {
                             *v = schema.resolve(*v);
                         }
                     }
-                    Node::Array { items, .. } => *items = schema.resolve(*items),
+                    Node::Array { prefix, items, .. } => {
+                        *items = schema.resolve(*items);
+                        for item in prefix {
+                            *item = schema.resolve(*item);
+                        }
+                    }
                     Node::Choice(alts) => {
                         // Nested choices flattened: each alternative is one kind.
                         // A choice met again (one that lists itself through a
@@ -854,7 +912,13 @@ fn finite_nodes(schema: &Schema) -> Vec<bool> {
                     .iter()
                     .enumerate()
                     .all(|(i, v)| o.required >> i & 1 == 0 || is(v)),
-                Node::Array { items, min, .. } => *min == 0 || is(items),
+                // Every item the array must have.
+                Node::Array {
+                    prefix, items, min, ..
+                } => {
+                    prefix.iter().take(*min as usize).all(is)
+                        && (*min as usize <= prefix.len() || is(items))
+                }
                 Node::Choice(alts) => alts.iter().any(is),
                 // Every object must be finishable once its tag is written.
                 Node::Tagged(t) => t.owners.iter().all(is),
@@ -894,7 +958,17 @@ fn prune_to_finite(schema: &mut Schema, finite: &[bool]) {
                 }
                 *o = kept;
             }
-            Node::Array { items, max, .. } if !is(*items) => *max = 0,
+            // The array ends before its first item with no finite value (past the
+            // ones it must have, which are finite).
+            Node::Array {
+                prefix, items, max, ..
+            } => {
+                if let Some(i) = prefix.iter().position(|&p| !is(p)) {
+                    *max = (*max).min(i as u32);
+                } else if !is(*items) {
+                    *max = (*max).min(prefix.len() as u32);
+                }
+            }
             Node::Choice(alts) => alts.retain(|&a| is(a)),
             _ => {}
         }
@@ -920,12 +994,13 @@ fn min_depths(schema: &Schema) -> Vec<u8> {
                     .max()
                     .unwrap_or(0)
                     .saturating_add(1),
-                Node::Array { items, min, .. } => {
-                    if *min > 0 {
-                        of(items).saturating_add(1)
-                    } else {
-                        1
-                    }
+                // Room for the deepest item the array must have.
+                Node::Array {
+                    prefix, items, min, ..
+                } => {
+                    let required = prefix.iter().take(*min as usize).map(of);
+                    let rest = (*min as usize > prefix.len()).then(|| of(items));
+                    required.chain(rest).max().unwrap_or(0).saturating_add(1)
                 }
                 Node::Choice(alts) => alts.iter().map(of).min().unwrap_or(u8::MAX),
                 // The tag picks the object: room for the deepest.
@@ -1007,7 +1082,7 @@ fn infer_type(map: &Map<String, Value>) -> &'static str {
     let has = |keys: &[&str]| keys.iter().any(|k| map.contains_key(*k));
     if has(&["properties", "required", "additionalProperties"]) {
         "object"
-    } else if has(&["items", "minItems", "maxItems"]) {
+    } else if has(&["items", "prefixItems", "minItems", "maxItems"]) {
         "array"
     } else if has(&["minLength", "maxLength", "pattern"])
         || map

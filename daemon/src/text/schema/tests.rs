@@ -156,6 +156,26 @@ fn patterns() -> Value {
     })
 }
 
+/// Tuples: pydantic writes `Tuple[float, float]` with `prefixItems` and equal bounds.
+fn tuples() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "point": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}], "minItems": 2, "maxItems": 2},
+            "row": {
+                "type": "array",
+                "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "integer", "minimum": 0}],
+                "items": {"type": "boolean"},
+                "maxItems": 4
+            },
+            "closed": {"type": "array", "prefixItems": [{"const": "a"}, {"type": "null"}], "items": false},
+            "nested": {"prefixItems": [{"type": "array", "prefixItems": [{"enum": [1, 2]}], "minItems": 1}]}
+        },
+        "required": ["point"],
+        "additionalProperties": false
+    })
+}
+
 fn any_object() -> Value {
     json!({"type": "object"})
 }
@@ -174,6 +194,7 @@ fn all_schemas() -> Vec<(&'static str, Value)> {
         }),
         ("tagged", tagged()),
         ("patterns", patterns()),
+        ("tuples", tuples()),
         ("any object", any_object()),
     ]
 }
@@ -557,6 +578,85 @@ fn patterns_that_cannot_be_followed_or_matched_are_refused_with_a_reason() {
 }
 
 #[test]
+fn tuples_hold_each_item_to_its_own_schema() {
+    let schema = compile(&tuples());
+    for text in [
+        r#"{"point":[1,2.5]}"#,
+        r#"{"point":[-1,0],"row":[]}"#,
+        r#"{"point":[0,0],"row":["abc",3,true,false]}"#,
+        r#"{"point":[0,0],"row":["x"]}"#,
+        r#"{"point":[0,0],"closed":["a",null]}"#,
+        r#"{"point":[0,0],"closed":[]}"#,
+        r#"{"point":[0,0],"nested":[[2],"anything"]}"#,
+    ] {
+        assert!(accepts(&schema, text), "refused {text}");
+    }
+    for (text, why) in [
+        (r#"{"point":[1]}"#, "minItems"),
+        (r#"{"point":[1,2,3]}"#, "maxItems"),
+        (r#"{"point":["1",2]}"#, "first item a number"),
+        (
+            r#"{"point":[0,0],"row":["abcd"]}"#,
+            "first item's maxLength",
+        ),
+        (
+            r#"{"point":[0,0],"row":["a",1.5]}"#,
+            "second item an integer",
+        ),
+        (r#"{"point":[0,0],"row":["a",-1]}"#, "second item's minimum"),
+        (
+            r#"{"point":[0,0],"row":["a",1,2]}"#,
+            "items after the prefix",
+        ),
+        (
+            r#"{"point":[0,0],"row":["a",1,true,true,true]}"#,
+            "maxItems",
+        ),
+        (
+            r#"{"point":[0,0],"closed":["a",null,null]}"#,
+            "items: false",
+        ),
+        (r#"{"point":[0,0],"closed":["b"]}"#, "const"),
+        (r#"{"point":[0,0],"nested":[[]]}"#, "inner minItems"),
+        (r#"{"point":[0,0],"nested":[[3]]}"#, "inner enum"),
+    ] {
+        assert!(!accepts(&schema, text), "{why}: {text}");
+    }
+    // Drafts 4 to 7 write a tuple as `items` with a list, and the rest as
+    // `additionalItems`.
+    let draft7 = json!({
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {
+            "pair": {"type": "array", "items": [{"type": "null"}, {"type": "integer"}], "additionalItems": false},
+            "open": {"type": "array", "items": [{"type": "null"}], "additionalItems": {"type": "string"}}
+        }
+    });
+    let old = compile(&draft7);
+    assert!(accepts(&old, r#"{"pair":[null,3],"open":[null,"a","b"]}"#));
+    assert!(!accepts(&old, r#"{"pair":[null,3,4]}"#));
+    assert!(!accepts(&old, r#"{"pair":[3]}"#));
+    assert!(!accepts(&old, r#"{"open":[null,1]}"#));
+    for (schema, expected) in [
+        (
+            json!({"type": "object", "properties": {"a": {"prefixItems": [{}], "items": [{}]}}}),
+            "`prefixItems` beside `items` as a list",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"prefixItems": [{}], "items": false, "minItems": 2}}}),
+            "`minItems` 2 but at most 1 items",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"prefixItems": {}}}}),
+            "`prefixItems` must be a list",
+        ),
+    ] {
+        let err = Schema::compile(&schema.to_string()).expect_err(&schema.to_string());
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+}
+
+#[test]
 fn recursive_schemas_follow_their_references() {
     let tree = compile(&tree());
     assert!(accepts(
@@ -629,8 +729,8 @@ fn unsupported_or_impossible_schemas_are_refused_with_a_reason() {
             "exactly one schema",
         ),
         (
-            json!({"type": "object", "properties": {"a": {"type": "array", "items": [{"type": "string"}]}}}),
-            "tuples",
+            json!({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}}),
+            "`uniqueItems` is not supported",
         ),
     ] {
         let err = Schema::compile(&schema.to_string()).expect_err(&schema.to_string());
