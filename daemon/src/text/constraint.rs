@@ -8,7 +8,7 @@
 //! it, so the acceptor's states for that shared prefix are reused, and when a prefix is
 //! refused every following token that starts with it is skipped with one comparison.
 //! Inside a string, where nearly every token is allowed, the tokens that are plain string
-//! text (no quote, backslash or control byte, whole characters) are allowed as a set and
+//! text (no quote or control byte; whole characters and whole escapes) are allowed as a set and
 //! only the others are walked: a 152k vocabulary's mask there drops from about 5 ms to a
 //! fraction of that. In a string with a length limit, the plain tokens that fit are
 //! taken by their character counts, sorted once.
@@ -124,6 +124,12 @@ pub struct JsonConstraint {
     /// The same for plain tokens walked through a string's pattern: the automaton's
     /// progress and the characters so far.
     pattern_path: Vec<(PatternWalk, u32)>,
+    /// The plain tokens a string's pattern allowed, for the last few places it was
+    /// walked from: a pattern that loops (`^[^0-9]+$`, a hostname's labels) comes back
+    /// to the same state character after character, and the walk is most of a mask.
+    plain_masks: Vec<(PlainMaskKey, Vec<u64>, usize)>,
+    /// The entry of `plain_masks` to replace next.
+    plain_masks_next: usize,
     /// One bit per token id: allowed by the last mask.
     allowed: Vec<u64>,
 }
@@ -155,6 +161,8 @@ impl JsonConstraint {
             committed: 0,
             path: Vec::new(),
             pattern_path: Vec::new(),
+            plain_masks: Vec::new(),
+            plain_masks_next: 0,
             allowed: Vec::new(),
         }
     }
@@ -211,14 +219,25 @@ impl JsonConstraint {
             None if self.state.pattern_string().is_some() => {
                 self.allowed.resize(tok.vocab_size().div_ceil(64), 0);
                 let string = self.state.pattern_string().expect("checked above");
-                let count = walk_through_pattern(
-                    self.schema.pattern(string.index),
-                    string,
-                    &vocab.plain_order,
-                    tok,
-                    &mut self.pattern_path,
-                    &mut self.allowed,
-                );
+                let key = PlainMaskKey::new(&string);
+                let count = match self.plain_masks.iter().find(|(k, ..)| *k == key) {
+                    Some((_, mask, count)) => {
+                        self.allowed.copy_from_slice(mask);
+                        *count
+                    }
+                    None => {
+                        let count = walk_through_pattern(
+                            self.schema.pattern(string.index),
+                            string,
+                            &vocab.plain_order,
+                            tok,
+                            &mut self.pattern_path,
+                            &mut self.allowed,
+                        );
+                        self.remember_plain_mask(key, count);
+                        count
+                    }
+                };
                 (&vocab.not_plain, count)
             }
             Some(room) if room >= longest_plain => {
@@ -270,6 +289,18 @@ impl JsonConstraint {
         count
     }
 
+    /// Keeps the plain tokens now in `allowed` as what `key` allows.
+    fn remember_plain_mask(&mut self, key: PlainMaskKey, count: usize) {
+        const KEPT: usize = 8;
+        let entry = (key, self.allowed.clone(), count);
+        if self.plain_masks.len() < KEPT {
+            self.plain_masks.push(entry);
+        } else {
+            self.plain_masks[self.plain_masks_next] = entry;
+            self.plain_masks_next = (self.plain_masks_next + 1) % KEPT;
+        }
+    }
+
     fn is_allowed(&self, id: usize) -> bool {
         self.allowed
             .get(id / 64)
@@ -277,10 +308,35 @@ impl JsonConstraint {
     }
 }
 
+/// What the plain tokens a pattern allows depend on: the pattern, where its automaton
+/// is, and the characters the string may still take and must still have (whether a
+/// match fits the bounds depends on nothing else).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PlainMaskKey {
+    pattern: u32,
+    walk: PatternWalk,
+    room: u32,
+    need: u32,
+}
+
+impl PlainMaskKey {
+    fn new(string: &PatternString) -> Self {
+        Self {
+            pattern: string.index,
+            walk: string.walk,
+            room: match string.max {
+                u32::MAX => u32::MAX,
+                max => max.saturating_sub(string.chars),
+            },
+            need: string.min.saturating_sub(string.chars),
+        }
+    }
+}
+
 /// Marks in `allowed` the tokens of `order` (plain string text) whose bytes continue
 /// `string` under its pattern; returns how many. The same trie walk as
-/// [`JsonConstraint::walk`], over the automaton's state only: plain text can neither
-/// end the string nor escape, so the JSON syntax has nothing to say about it.
+/// [`JsonConstraint::walk`], over the automaton's state only: plain text cannot end the
+/// string and holds only whole escapes, so the JSON syntax has nothing to say about it.
 fn walk_through_pattern(
     pattern: &Pattern,
     string: PatternString,
@@ -302,9 +358,9 @@ fn walk_through_pattern(
         let (mut walk, mut chars) = path[shared];
         refused_at = usize::MAX;
         for (k, &b) in tok.token_bytes(id)[shared..].iter().enumerate() {
-            // Plain tokens hold whole characters: a byte starts one unless it is a
-            // UTF-8 continuation byte.
-            let starts = !(0x80..=0xBF).contains(&b);
+            // Plain tokens hold whole characters and whole escapes (`\n`): a byte
+            // starts a character unless it continues a UTF-8 one or an escape.
+            let starts = !walk.in_escape() && !(0x80..=0xBF).contains(&b);
             chars += u32::from(starts);
             if !pattern.feed(&mut walk, b, starts, chars, string.min, string.max) {
                 refused_at = shared + k + 1;
@@ -471,6 +527,8 @@ mod tests {
                 "free": {"type": "string"},
                 "zip": {"type": "string", "pattern": "^[0-9]{3}(-[0-9]{2})?$"},
                 "day": {"type": "string", "format": "date"},
+                "loop": {"type": "string", "pattern": "^[^0-9]+$"},
+                "short": {"type": "string", "pattern": "[a-z]", "minLength": 2, "maxLength": 5},
                 "x": {"anyOf": [
                     {"type": "object", "additionalProperties": {"type": "boolean"}},
                     {"type": "null"}
@@ -483,7 +541,8 @@ mod tests {
         for text in [
             r#"{"name": "sparkd", "tags": ["fast", 12, null, "étéé"], "n": -1.5, "i": 3, "x": {"a": true}}"#,
             r#"{
-  "free": "\ud83d\ude00 😀 été\n","i":12,"x":null,"name":"é", "zip": "123-45", "day": "2024-02-29"}"#,
+  "free": "\ud83d\ude00 😀 été\n","i":12,"x":null,"name":"é", "zip": "123-45", "day": "2024-02-29",
+  "loop": "name: été, name: été, name", "short": "é nam"}"#,
         ] {
             walk_matches_brute_force_along(JsonConstraint::with_schema(schema.clone()), &tok, text);
         }

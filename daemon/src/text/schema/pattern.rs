@@ -73,6 +73,13 @@ pub struct PatternWalk {
     escape: Escape,
 }
 
+impl PatternWalk {
+    /// Inside an escape sequence (after its backslash, before its last byte).
+    pub fn in_escape(&self) -> bool {
+        self.escape != Escape::None
+    }
+}
+
 /// The escapes a string held to a pattern may use: the short ones, and `\u00XX` for
 /// control characters (some have no short form). Any other character is written as itself (which
 /// is what models write anyway), so the DFA sees one character per escape without
