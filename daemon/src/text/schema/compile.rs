@@ -121,6 +121,10 @@ pub struct Schema {
 /// Most distinct patterns (and enforced formats) in one schema: each is an automaton
 /// built per request.
 const MAX_PATTERNS: usize = 64;
+/// Most memory one schema's pattern automata may take together (each may take up to
+/// 8 MiB): what a request holds while it runs, and a bound on the time compiling them
+/// takes.
+const MAX_PATTERN_MEMORY: usize = 16 << 20;
 
 impl Default for Schema {
     /// Any JSON object (what `OutputFormat::JsonObject` asks for).
@@ -627,6 +631,16 @@ impl Compiler<'_> {
             Ok(p) => p,
             Err(message) => return error(&format!("{at}/pattern"), message),
         };
+        let used: usize = self.patterns.iter().map(|(_, p)| p.memory_usage()).sum();
+        if used + pattern.memory_usage() > MAX_PATTERN_MEMORY {
+            return error(
+                at,
+                format!(
+                    "the schema's patterns need more than {} MiB of automata together",
+                    MAX_PATTERN_MEMORY >> 20
+                ),
+            );
+        }
         self.patterns.push((key, pattern));
         Ok(Some((self.patterns.len() as u32 - 1, most)))
     }

@@ -183,6 +183,11 @@ impl Pattern {
         id.as_usize() >> self.stride2
     }
 
+    /// Bytes of memory the automaton and its tables take.
+    pub fn memory_usage(&self) -> usize {
+        self.dfa.memory_usage() + (self.fewest.len() + self.most.len()) * 4
+    }
+
     /// The fewest and most characters a whole string matching the pattern may have
     /// (`None` when no string matches).
     pub fn lengths(&self) -> Option<(u32, u32)> {

@@ -567,6 +567,21 @@ fn patterns_that_cannot_be_followed_or_matched_are_refused_with_a_reason() {
             "/properties/a",
             "`pattern` must be a string",
         ),
+        (
+            // Each automaton fits alone; together they would hold too much per request.
+            json!({"type": "object", "properties": {
+                "a": {"type": "string", "pattern": "^\\p{L}{1,20}$"},
+                "b": {"type": "string", "pattern": "^\\p{L}{1,21}$"},
+                "c": {"type": "string", "pattern": "^\\p{L}{1,22}$"},
+                "d": {"type": "string", "pattern": "^\\p{L}{1,23}$"},
+                "e": {"type": "string", "pattern": "^\\p{L}{1,24}$"},
+                "f": {"type": "string", "pattern": "^\\p{L}{1,25}$"},
+                "g": {"type": "string", "pattern": "^\\p{L}{1,26}$"},
+                "h": {"type": "string", "pattern": "^\\p{L}{1,27}$"}
+            }}),
+            "/properties/e",
+            "MiB of automata together",
+        ),
     ] {
         let err = Schema::compile(&schema.to_string()).expect_err(&schema.to_string());
         assert_eq!(err.at, at, "{err}");
