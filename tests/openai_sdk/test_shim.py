@@ -196,12 +196,13 @@ class Visit(pydantic.BaseModel):
     # A bound keeps a small model from rambling inside the address.
     visitor: str = pydantic.Field(max_length=40, json_schema_extra={"format": "email"})
     spot: typing.Tuple[float, float]
+    extras: typing.Set[typing.Literal["parking", "wifi", "lunch"]]
 
 
 def test_patterns_formats_and_tuples_are_enforced():
     # pydantic writes `pattern` for the constrained string, `format` for the date, the
-    # datetime and the e-mail, and `prefixItems` for the tuple; pydantic's own parsing
-    # of the answer checks them.
+    # datetime and the e-mail, `prefixItems` for the tuple and `uniqueItems` for the
+    # set; pydantic's own parsing of the answer checks them.
     try:
         completion = client.chat.completions.parse(
             model=model_id(),

@@ -376,6 +376,8 @@ impl SchemaState {
                 let (fitting, free) = keys_that_fit(schema, o, self.json.depth());
                 free || fitting & !self.top.seen != 0
             }
+            // With unique items `max` is at most the number of values, so below it one
+            // not written yet is left.
             Node::Array { max, .. } => {
                 let item = schema.array_item(self.top.node, self.top.count);
                 self.due = item;
@@ -479,7 +481,12 @@ impl SchemaState {
             return false;
         };
         let candidates = if matched == 0 {
-            let mut first = names_with_byte(texts, low_bits(texts.len()), 0, b);
+            // In an array of unique items, the values not written yet.
+            let unwritten = match schema.node(self.top.node) {
+                Node::Array { unique: true, .. } => !self.top.seen,
+                _ => u64::MAX,
+            };
+            let mut first = names_with_byte(texts, low_bits(texts.len()) & unwritten, 0, b);
             if b == b'{' || b == b'[' {
                 // Only the values that nest no deeper than there is room for.
                 let room = MAX_DEPTH - depth;
@@ -551,6 +558,9 @@ impl SchemaState {
         let Some(i) = whole(texts, candidates, matched) else {
             return false;
         };
+        if let Node::Array { unique: true, .. } = schema.node(self.top.node) {
+            self.top.seen |= 1 << i;
+        }
         if let Node::Tagged(t) = schema.node(self.top.node) {
             if t.tags == node {
                 let object = t.owners[i];

@@ -48,11 +48,14 @@ pub enum Node {
     Object(ObjectNode),
     /// `prefix`: the schemas of the first items, in order (`prefixItems`, or draft 4
     /// to 7's `items` as a list); `items` the schema of those after them.
+    /// `unique`: `uniqueItems`, for items that are `enum`/`const` values (each value
+    /// at most once).
     Array {
         prefix: Vec<NodeId>,
         items: NodeId,
         min: u32,
         max: u32,
+        unique: bool,
     },
     /// Lengths in characters (code points), as JSON Schema counts them; `pattern` an
     /// index into [`Schema::patterns`] (from `pattern` or an enforced `format`).
@@ -167,7 +170,6 @@ const UNSUPPORTED: &[&str] = &[
     "propertyNames",
     "minProperties",
     "maxProperties",
-    "uniqueItems",
     "contains",
     "minContains",
     "maxContains",
@@ -196,8 +198,7 @@ impl Schema {
     /// Enforced: `type` (one or a list), `properties`, `required`,
     /// `additionalProperties` (`false`, `true` or a schema), `items` (one schema),
     /// `prefixItems` (tuples; and drafts 4 to 7's `items` as a list with
-    /// `additionalItems`),
-    /// `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`, `maximum`,
+    /// `additionalItems`), `uniqueItems` on `enum`/`const` items, `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`, `maximum`,
     /// `exclusiveMinimum`, `exclusiveMaximum`, `pattern` (ECMA-262 without look-around
     /// or back-references), `format` for `date`, `time`, `date-time`, `duration`,
     /// `uuid`, `ipv4`, `ipv6`, `hostname` and `email`, `enum`, `const`, `anyOf` and `oneOf`
@@ -206,7 +207,7 @@ impl Schema {
     /// schema, and `$ref` to a place in the same document (`#/$defs/…`, `#`, any JSON
     /// pointer), recursive ones too. Annotations (`title`, `description`, `default`,
     /// other `format`s…) are ignored, as validators do by default; unknown keywords too.
-    /// Refused: `patternProperties`, `not`, `if`, `multipleOf`, `uniqueItems` and the others in
+    /// Refused: `patternProperties`, `not`, `if`, `multipleOf`, other `uniqueItems` and the others in
     /// `UNSUPPORTED`, and alternatives that can begin alike (two objects, say).
     ///
     /// What is generated: each listed property at most once and in any order, every
@@ -225,6 +226,7 @@ impl Schema {
             nodes: vec![Node::Any],
             by_pointer: HashMap::new(),
             patterns: Vec::new(),
+            unique_arrays: Vec::new(),
         };
         let root = compiler.reference("")?;
         let (mut schema, finite) = compiler.finish()?;
@@ -318,6 +320,8 @@ struct Compiler<'a> {
     /// Patterns compiled so far, with the text or format each came from (one automaton
     /// per distinct one).
     patterns: Vec<(String, Pattern)>,
+    /// Arrays with `uniqueItems`, and where each is: checked once references resolve.
+    unique_arrays: Vec<(NodeId, String)>,
 }
 
 impl Compiler<'_> {
@@ -493,7 +497,15 @@ impl Compiler<'_> {
     ) -> Result<NodeId, SchemaError> {
         let node = match t {
             "object" => Node::Object(self.object(map, at)?),
-            "array" => self.array(map, at)?,
+            "array" => {
+                let node = self.array(map, at)?;
+                if matches!(node, Node::Array { unique: true, .. }) {
+                    let id = self.push(node, at)?;
+                    self.unique_arrays.push((id, at.to_string()));
+                    return Ok(id);
+                }
+                node
+            }
             "string" => {
                 let (min, max) = length_bounds(map, "minLength", "maxLength", at)?;
                 let (pattern, max) = match self.string_pattern(map, at)? {
@@ -592,11 +604,20 @@ impl Compiler<'_> {
                 ),
             );
         }
+        let unique = match map.get("uniqueItems") {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(_) => return error(at, "`uniqueItems` must be a boolean"),
+        };
+        if unique && !prefix.is_empty() {
+            return error(at, "`uniqueItems` beside `prefixItems` is not supported");
+        }
         Ok(Node::Array {
             prefix,
             items,
             min,
             max,
+            unique,
         })
     }
 
@@ -794,6 +815,29 @@ impl Compiler<'_> {
             })
             .collect();
         schema.nodes = resolved;
+        // Unique items are followed as `enum`/`const` values, one bit each.
+        for (id, at) in &self.unique_arrays {
+            let Node::Array { items, .. } = schema.nodes[*id as usize] else {
+                continue;
+            };
+            let Node::Literals(values) = &schema.nodes[items as usize] else {
+                return error(
+                    at,
+                    "`uniqueItems` is supported for arrays of `enum`/`const` values only",
+                );
+            };
+            let count = values.len() as u32;
+            let Node::Array { min, max, .. } = &mut schema.nodes[*id as usize] else {
+                continue;
+            };
+            if *min > count {
+                return error(
+                    at,
+                    format!("`minItems` {min} but only {count} distinct values to list"),
+                );
+            }
+            *max = (*max).min(count);
+        }
         tag_object_unions(&mut schema);
         let finite = finite_nodes(&schema);
         prune_to_finite(&mut schema, &finite);

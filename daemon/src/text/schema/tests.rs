@@ -169,8 +169,10 @@ fn tuples() -> Value {
                 "maxItems": 4
             },
             "closed": {"type": "array", "prefixItems": [{"const": "a"}, {"type": "null"}], "items": false},
-            "nested": {"prefixItems": [{"type": "array", "prefixItems": [{"enum": [1, 2]}], "minItems": 1}]}
+            "nested": {"prefixItems": [{"type": "array", "prefixItems": [{"enum": [1, 2]}], "minItems": 1}]},
+            "set": {"type": "array", "items": {"$ref": "#/$defs/Color"}, "uniqueItems": true, "minItems": 1}
         },
+        "$defs": {"Color": {"enum": ["red", "green", "re", 1, null, {"a": [1]}]}},
         "required": ["point"],
         "additionalProperties": false
     })
@@ -603,6 +605,8 @@ fn tuples_hold_each_item_to_its_own_schema() {
         r#"{"point":[0,0],"closed":["a",null]}"#,
         r#"{"point":[0,0],"closed":[]}"#,
         r#"{"point":[0,0],"nested":[[2],"anything"]}"#,
+        r#"{"point":[0,0],"set":["red","re",{"a":[1]},null]}"#,
+        r#"{"point":[0,0],"set":["red","green","re",1,null,{"a":[1]}]}"#,
     ] {
         assert!(accepts(&schema, text), "refused {text}");
     }
@@ -634,6 +638,13 @@ fn tuples_hold_each_item_to_its_own_schema() {
         (r#"{"point":[0,0],"closed":["b"]}"#, "const"),
         (r#"{"point":[0,0],"nested":[[]]}"#, "inner minItems"),
         (r#"{"point":[0,0],"nested":[[3]]}"#, "inner enum"),
+        (r#"{"point":[0,0],"set":[]}"#, "set minItems"),
+        (r#"{"point":[0,0],"set":["red","red"]}"#, "set items unique"),
+        (r#"{"point":[0,0],"set":[null,1,null]}"#, "set items unique"),
+        (
+            r#"{"point":[0,0],"set":["red","green","re",1,null,{"a":[1]},"red"]}"#,
+            "no value left",
+        ),
     ] {
         assert!(!accepts(&schema, text), "{why}: {text}");
     }
@@ -647,6 +658,18 @@ fn tuples_hold_each_item_to_its_own_schema() {
             "open": {"type": "array", "items": [{"type": "null"}], "additionalItems": {"type": "string"}}
         }
     });
+    // A value already written is refused at its first byte that no other value
+    // shares, and once every value is written no comma is.
+    assert!(!accepts_prefix(&schema, r#"{"point":[0,0],"set":[1,1"#));
+    assert!(accepts_prefix(&schema, r#"{"point":[0,0],"set":["re","re"#));
+    assert!(!accepts_prefix(
+        &schema,
+        r#"{"point":[0,0],"set":["re","re""#
+    ));
+    assert!(!accepts_prefix(
+        &schema,
+        r#"{"point":[0,0],"set":["red","green","re",1,null,{"a":[1]},"#
+    ));
     let old = compile(&draft7);
     assert!(accepts(&old, r#"{"pair":[null,3],"open":[null,"a","b"]}"#));
     assert!(!accepts(&old, r#"{"pair":[null,3,4]}"#));
@@ -664,6 +687,14 @@ fn tuples_hold_each_item_to_its_own_schema() {
         (
             json!({"type": "object", "properties": {"a": {"prefixItems": {}}}}),
             "`prefixItems` must be a list",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}, "uniqueItems": true}}}),
+            "`uniqueItems` is supported for arrays of `enum`/`const` values only",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": true, "minItems": 3}}}),
+            "`minItems` 3 but only 2 distinct values",
         ),
     ] {
         let err = Schema::compile(&schema.to_string()).expect_err(&schema.to_string());
@@ -744,8 +775,8 @@ fn unsupported_or_impossible_schemas_are_refused_with_a_reason() {
             "exactly one schema",
         ),
         (
-            json!({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}}),
-            "`uniqueItems` is not supported",
+            json!({"type": "object", "properties": {"a": {"type": "array", "contains": {"const": 1}}}}),
+            "`contains` is not supported",
         ),
     ] {
         let err = Schema::compile(&schema.to_string()).expect_err(&schema.to_string());
