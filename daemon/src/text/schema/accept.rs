@@ -1,6 +1,6 @@
 //! Following a JSON text through a compiled [`Schema`], one byte at a time.
 
-use super::compile::{nesting, Node, NodeId, ObjectNode, Schema, ANY};
+use super::compile::{Node, NodeId, ObjectNode, Schema, ANY};
 use super::number::NumberProgress;
 use super::pattern::PatternWalk;
 use crate::text::json::{Event, JsonAcceptor, Step, MAX_DEPTH};
@@ -490,8 +490,8 @@ impl SchemaState {
             if b == b'{' || b == b'[' {
                 // Only the values that nest no deeper than there is room for.
                 let room = MAX_DEPTH - depth;
-                for (i, text) in texts.iter().enumerate() {
-                    if nesting(text) > room {
+                for (i, &deep) in schema.literal_nesting(node).iter().enumerate() {
+                    if deep > room {
                         first &= !(1 << i);
                     }
                 }

@@ -118,6 +118,9 @@ pub struct Schema {
     min_depth: Vec<u8>,
     /// The string patterns `Node::String` points at.
     patterns: Vec<Pattern>,
+    /// For each `Literals` node, how deep each of its texts nests (empty for other
+    /// nodes): what a value beginning with `{` or `[` needs room for.
+    literal_nesting: Vec<Box<[u8]>>,
     root: NodeId,
 }
 
@@ -254,6 +257,11 @@ impl Schema {
 
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id as usize]
+    }
+
+    /// How deep each text of `Literals` node `id` nests.
+    pub fn literal_nesting(&self, id: NodeId) -> &[u8] {
+        &self.literal_nesting[id as usize]
     }
 
     /// The schema of item `index` (from 0) of array node `id`.
@@ -750,6 +758,7 @@ impl Compiler<'_> {
             first: Vec::new(),
             min_depth: Vec::new(),
             patterns: self.patterns.into_iter().map(|(_, p)| p).collect(),
+            literal_nesting: Vec::new(),
             root: ANY,
         };
         // A cycle of `$ref`s with no value in between describes nothing.
@@ -842,6 +851,14 @@ impl Compiler<'_> {
         let finite = finite_nodes(&schema);
         prune_to_finite(&mut schema, &finite);
         schema.min_depth = min_depths(&schema);
+        schema.literal_nesting = schema
+            .nodes
+            .iter()
+            .map(|node| match node {
+                Node::Literals(texts) => texts.iter().map(|t| nesting(t)).collect(),
+                _ => Box::default(),
+            })
+            .collect();
         schema.first = (0..schema.nodes.len())
             .map(|id| first_bytes(&schema, id as NodeId))
             .collect();
@@ -1079,7 +1096,7 @@ fn min_depths(schema: &Schema) -> Vec<u8> {
 
 /// How deep a JSON text's containers nest (it came from serde_json: strings hold no
 /// raw quote but an escaped one).
-pub fn nesting(text: &[u8]) -> u8 {
+fn nesting(text: &[u8]) -> u8 {
     let (mut depth, mut deepest, mut in_string, mut escaped) = (0u8, 0u8, false, false);
     for &b in text {
         match (in_string, escaped, b) {
