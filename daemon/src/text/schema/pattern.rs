@@ -569,6 +569,14 @@ fn translate_ecma(pattern: &str) -> Result<String, String> {
                         out.push(']');
                     }
                     (None, _) if e == '/' => out.push('/'),
+                    // ECMA-262's word boundaries are ASCII ones; in a class `\b` is a
+                    // backspace.
+                    (None, false) if e == 'b' || e == 'B' => {
+                        out.push_str("(?-u:\\");
+                        out.push(e);
+                        out.push(')');
+                    }
+                    (None, true) if e == 'b' => out.push_str("\\x08"),
                     (None, _) if e.is_ascii_digit() && e != '0' => {
                         return Err(format!(
                             "back-references (`\\{e}`) are not supported in patterns"
@@ -681,6 +689,10 @@ mod tests {
         assert!(matches(r"^a\/b$", "a/b"));
         assert!(matches(r"^[a[]+$", "a[a"));
         assert!(matches(r"^\p{L}+$", "héllo"));
+        assert!(matches(r"\bcat\b", "a cat!"));
+        assert!(!matches(r"\bcat\b", "concat"));
+        assert!(matches(r"^a\Bb$", "ab"));
+        assert!(matches(r"^[\b]$", r"\b"));
     }
 
     #[test]
