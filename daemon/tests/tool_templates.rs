@@ -8,6 +8,7 @@ mod support;
 use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
 use sparkd::gguf::GgufFile;
 use sparkd::text::tools::prompt::TemplateTools;
+use sparkd::text::tools::CallSyntax;
 use sparkd::text::ChatTemplate;
 use support::{load_tokenizer, model_path, test_vocab_path, DEFAULT_MODEL};
 
@@ -60,7 +61,7 @@ fn qwen3_renders_tools_and_calls_in_its_own_syntax() {
         return;
     };
     let (how, text) = render(&path, true);
-    assert_eq!(how, TemplateTools::Native);
+    assert_eq!(how, TemplateTools::Native(CallSyntax::Hermes));
     assert!(text.starts_with("<|im_start|>system\n# Tools"), "{text}");
     assert!(
         text.contains(r#"{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#),

@@ -19,7 +19,7 @@ use crate::model::{Model, BLOCK_TOKENS};
 use crate::text::constraint::JsonConstraint;
 use crate::text::schema::Schema;
 use crate::text::tools::watch::CallWatcher;
-use crate::text::tools::{CallMode, ToolSet, CALL_OPEN};
+use crate::text::tools::{CallMode, CallSyntax, ToolSet, CALL_OPEN};
 use crate::text::{
     sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
 };
@@ -297,7 +297,10 @@ impl EngineHandle {
                 let mut text = template()?
                     .render_tool_prompt(messages, specs, tools.is_some(), &self.tokenizer)
                     .map_err(template_error)?;
-                if tools.is_some_and(|t| t.mode == CallMode::Forced) {
+                // The Llama syntax has no tag: the answer is the call.
+                if tools
+                    .is_some_and(|t| t.mode == CallMode::Forced && t.syntax == CallSyntax::Hermes)
+                {
                     text.push_str(CALL_OPEN);
                     text.push('\n');
                 }
@@ -371,7 +374,11 @@ impl EngineHandle {
                         "tools cannot be combined with JSON output",
                     ));
                 }
-                ToolSet::prepare(tools, choice, *parallel)
+                let syntax = self
+                    .template
+                    .as_ref()
+                    .map_or(CallSyntax::Hermes, |t| t.tools().syntax());
+                ToolSet::prepare(tools, choice, *parallel, syntax)
                     .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?
             }
             _ => None,

@@ -683,13 +683,50 @@ fn submit_tool_chat(
 
 #[test]
 fn a_required_tool_call_names_an_offered_tool_with_valid_arguments() {
+    // The model's own template knows no tools: they are described, Hermes syntax.
+    let called = required_calls(EngineConfig::new("tiny"));
+    eprintln!("{called} of 16 calls complete within 64 tokens");
+    assert!(called > 0, "no call ever completed: the test shows nothing");
+}
+
+/// A template that writes calls as Llama 3.1 to 3.3 do: the whole answer is
+/// `{"name": ..., "parameters": ...}`, results come back as `ipython` turns.
+const LLAMA_STYLE_TEMPLATE: &str = r#"{%- if tools %}Functions (answer with {"name": function name, "parameters": arguments}):
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}{% endif %}
+{%- for m in messages %}{% if m.tool_calls %}assistant: {"name": "{{ m.tool_calls[0].function.name }}", "parameters": {{ m.tool_calls[0].function.arguments | tojson }}}
+{% elif m.role == "tool" %}ipython: {{ m.content }}
+{% else %}{{ m.role }}: {{ m.content }}
+{% endif %}{% endfor %}assistant: "#;
+
+#[test]
+fn a_required_call_in_the_llama_syntax_is_the_whole_answer() {
+    use crate::text::tools::{prompt::TemplateTools, CallSyntax};
+    let template = crate::text::ChatTemplate::new(LLAMA_STYLE_TEMPLATE).expect("compiles");
+    assert_eq!(
+        template.tools(),
+        TemplateTools::Native(CallSyntax::LlamaJson)
+    );
+    let config = EngineConfig {
+        chat_template: Some(LLAMA_STYLE_TEMPLATE.into()),
+        ..EngineConfig::new("tiny")
+    };
+    let called = required_calls(config);
+    eprintln!("{called} of 16 calls complete within 64 tokens");
+    assert!(called > 0, "no call ever completed: the test shows nothing");
+}
+
+/// Asks for a required call 16 times (sampled from the random model) and checks each
+/// answer: one call of an offered tool with valid arguments and no text, or, cut short,
+/// the call's text so far. How many calls completed.
+fn required_calls(config: EngineConfig) -> usize {
     use spark_client::protocol::{ToolChoice, ToolSpec};
     // The tools' description in the system message needs more than 512 positions.
     let spec = SynthSpec {
         context_length: 2048,
         ..SynthSpec::tiny()
     };
-    let (engine, _) = engine_of(&spec, EngineConfig::new("tiny"), 128, None);
+    let (engine, _) = engine_of(&spec, config, 128, None);
     let weather = serde_json::json!({
         "type": "object",
         "properties": {
@@ -771,8 +808,7 @@ fn a_required_tool_call_names_an_offered_tool_with_valid_arguments() {
             other => panic!("seed {seed}: finished {other:?}"),
         }
     }
-    eprintln!("{called} of 16 calls complete within 64 tokens");
-    assert!(called > 0, "no call ever completed: the test shows nothing");
+    called
 }
 
 #[test]

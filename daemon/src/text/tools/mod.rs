@@ -18,6 +18,11 @@
 //! call always names an offered tool and its arguments always match that tool's schema.
 //! `tool_choice: required` (or a named function) puts the opening tag at the end of the
 //! prompt and holds the answer to a call from its first token.
+//!
+//! Llama 3.1 to 3.3 were trained on another syntax ([`CallSyntax::LlamaJson`]): the
+//! whole answer is one call, `{"name": ..., "parameters": {...}}`, with no tags. Their
+//! templates render the tools and the history's calls themselves, and the watcher takes
+//! an answer whose first byte (after whitespace) is `{` for a call.
 
 pub mod prompt;
 pub mod watch;
@@ -58,23 +63,48 @@ pub enum ToolError {
     Schema(String),
 }
 
+/// How a model writes a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallSyntax {
+    /// `<tool_call>` + `{"name": ..., "arguments": {...}}` + `</tool_call>`, anywhere
+    /// in the answer, several in a row (Qwen 2.5/3, Hermes, SmolLM3, and the tools
+    /// described to any other model).
+    Hermes,
+    /// The whole answer is `{"name": ..., "parameters": {...}}`: Llama 3.1 to 3.3,
+    /// one call per answer.
+    LlamaJson,
+}
+
+impl CallSyntax {
+    /// The call object's key for the arguments.
+    pub fn arguments_key(self) -> &'static str {
+        match self {
+            CallSyntax::Hermes => "arguments",
+            CallSyntax::LlamaJson => "parameters",
+        }
+    }
+}
+
 /// How the answer begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallMode {
     /// Text or calls, as the model decides.
     Auto,
-    /// A call from the first token: the prompt ends with the opening tag.
+    /// A call from the first token (in the Hermes syntax, the prompt ends with the
+    /// opening tag).
     Forced,
 }
 
 /// The tools of one request, ready for generation.
 #[derive(Debug, Clone)]
 pub struct ToolSet {
-    /// One call object: `{"name": <an offered tool>, "arguments": <its parameters>}`.
+    /// One call object: `{"name": <an offered tool>, "arguments": <its parameters>}`
+    /// (`"parameters"` in the Llama syntax).
     pub schema: Arc<Schema>,
     pub mode: CallMode,
     /// Whether more calls may follow the first.
     pub parallel: bool,
+    pub syntax: CallSyntax,
 }
 
 impl ToolSet {
@@ -84,6 +114,7 @@ impl ToolSet {
         tools: &[ToolSpec],
         choice: &ToolChoice,
         parallel: bool,
+        syntax: CallSyntax,
     ) -> Result<Option<ToolSet>, ToolError> {
         check_names(tools)?;
         let (mode, callable): (CallMode, Vec<&ToolSpec>) = match choice {
@@ -106,18 +137,21 @@ impl ToolSet {
         for (index, tool) in tools.iter().enumerate() {
             parameters.push(enforceable_parameters(index, tool)?);
         }
-        let schema = call_schema(tools.iter().zip(parameters).filter_map(|(tool, params)| {
+        let callable_parameters = tools.iter().zip(parameters).filter_map(|(tool, params)| {
             callable
                 .iter()
                 .any(|c| c.name == tool.name)
                 .then_some((tool.name.as_str(), params))
-        }));
+        });
+        let schema = call_schema(callable_parameters, syntax.arguments_key());
         let schema =
             Schema::compile(&schema.to_string()).map_err(|e| ToolError::Schema(e.to_string()))?;
         Ok(Some(ToolSet {
             schema: Arc::new(schema),
             mode,
-            parallel,
+            // The Llama syntax has one call per answer (its templates refuse more).
+            parallel: parallel && syntax == CallSyntax::Hermes,
+            syntax,
         }))
     }
 }
@@ -174,23 +208,26 @@ fn enforceable_parameters(index: usize, tool: &ToolSpec) -> Result<Value, ToolEr
     }
 }
 
-/// The schema of one call: an object whose `name` picks the tool and whose
-/// `arguments` follow that tool's parameters. Each tool's schema goes under `$defs`,
-/// with its own `$ref`s rewritten to point there.
-fn call_schema<'a>(tools: impl Iterator<Item = (&'a str, Value)>) -> Value {
+/// The schema of one call: an object whose `name` picks the tool and whose arguments
+/// (under `arguments_key`) follow that tool's parameters. Each tool's schema goes under
+/// `$defs`, with its own `$ref`s rewritten to point there.
+fn call_schema<'a>(tools: impl Iterator<Item = (&'a str, Value)>, arguments_key: &str) -> Value {
     let mut defs = Map::new();
     let mut alternatives = Vec::new();
     for (i, (name, mut params)) in tools.enumerate() {
         let def = format!("tool{i}");
         rebase_refs(&mut params, &format!("#/$defs/{def}"));
         defs.insert(def.clone(), params);
+        let mut properties = Map::new();
+        properties.insert("name".into(), json!({"const": name}));
+        properties.insert(
+            arguments_key.into(),
+            json!({"$ref": format!("#/$defs/{def}")}),
+        );
         alternatives.push(json!({
             "type": "object",
-            "properties": {
-                "name": {"const": name},
-                "arguments": {"$ref": format!("#/$defs/{def}")},
-            },
-            "required": ["name", "arguments"],
+            "properties": properties,
+            "required": ["name", arguments_key],
             "additionalProperties": false,
         }));
     }

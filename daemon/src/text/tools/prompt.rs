@@ -1,6 +1,7 @@
 //! The conversation of a chat with tools, as a chat template takes it.
 //!
-//! A template that knows tool calls ([`TemplateTools::Native`]) gets the messages as
+//! A template that knows tool calls ([`TemplateTools::Native`], in either syntax) gets
+//! the messages as
 //! Hugging Face's `apply_chat_template` passes them: assistant messages with
 //! `tool_calls` (`{id, type, function: {name, arguments}}`, arguments as a JSON value),
 //! `tool` messages with `tool_call_id`, and `tools` as OpenAI-style function objects. Any
@@ -11,24 +12,39 @@
 use serde_json::{json, Map, Value};
 use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
 
-use super::{CALL_CLOSE, CALL_OPEN};
+use super::{CallSyntax, CALL_CLOSE, CALL_OPEN};
 
 /// How a chat template deals with tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TemplateTools {
-    /// It renders `tools` and tool calls in the Hermes syntax itself.
-    Native,
-    /// It knows nothing of them: they are described in a system message.
+    /// It renders `tools` and tool calls itself, in this syntax.
+    Native(CallSyntax),
+    /// It knows nothing of them: they are described in a system message (and calls
+    /// written in the Hermes syntax).
     Described,
 }
 
 impl TemplateTools {
-    /// Reads a template's source: native when it writes the call tag and takes `tools`.
+    /// Reads a template's source: native Hermes when it writes the call tag and takes
+    /// `tools`; native Llama when it takes `tools` and writes a call as `"name"` and
+    /// `"parameters"` (Llama 3.1 to 3.3, whose results come back as `ipython`).
     pub fn of_template(source: &str) -> Self {
-        if source.contains(CALL_OPEN) && source.contains("tools") {
-            TemplateTools::Native
+        if !source.contains("tools") {
+            TemplateTools::Described
+        } else if source.contains(CALL_OPEN) {
+            TemplateTools::Native(CallSyntax::Hermes)
+        } else if source.contains("\"parameters\": ") && source.contains("ipython") {
+            TemplateTools::Native(CallSyntax::LlamaJson)
         } else {
             TemplateTools::Described
+        }
+    }
+
+    /// The syntax the model is to write calls in.
+    pub fn syntax(self) -> CallSyntax {
+        match self {
+            TemplateTools::Native(syntax) => syntax,
+            TemplateTools::Described => CallSyntax::Hermes,
         }
     }
 }
@@ -54,7 +70,7 @@ pub fn template_inputs(
         Vec::new()
     };
     match how {
-        TemplateTools::Native => TemplateInputs {
+        TemplateTools::Native(_) => TemplateInputs {
             messages: messages.iter().map(native_message).collect(),
             tools: (!shown.is_empty()).then_some(shown),
         },

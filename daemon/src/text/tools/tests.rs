@@ -2,6 +2,7 @@ use serde_json::json;
 use spark_client::protocol::{ToolCall, ToolChatMessage, ToolChoice, ToolSpec};
 
 use super::prompt::{template_inputs, TemplateInputs, TemplateTools};
+use super::CallSyntax;
 use super::*;
 use crate::text::constraint::JsonConstraint;
 
@@ -22,16 +23,33 @@ fn accepts(set: &ToolSet, text: &str) -> bool {
 #[test]
 fn names_follow_openai_rules_and_are_unique() {
     let ok = tool("a-b_9", json!({}), false);
-    assert!(ToolSet::prepare(std::slice::from_ref(&ok), &ToolChoice::Auto, true).is_ok());
+    assert!(ToolSet::prepare(
+        std::slice::from_ref(&ok),
+        &ToolChoice::Auto,
+        true,
+        CallSyntax::Hermes
+    )
+    .is_ok());
     for bad in ["", "has space", "ü", &"x".repeat(65)] {
-        let err =
-            ToolSet::prepare(&[tool(bad, json!({}), false)], &ToolChoice::Auto, true).unwrap_err();
+        let err = ToolSet::prepare(
+            &[tool(bad, json!({}), false)],
+            &ToolChoice::Auto,
+            true,
+            CallSyntax::Hermes,
+        )
+        .unwrap_err();
         assert!(
             matches!(err, ToolError::BadName { index: 0, .. }),
             "{bad}: {err}"
         );
     }
-    let err = ToolSet::prepare(&[ok.clone(), ok], &ToolChoice::Auto, true).unwrap_err();
+    let err = ToolSet::prepare(
+        &[ok.clone(), ok],
+        &ToolChoice::Auto,
+        true,
+        CallSyntax::Hermes,
+    )
+    .unwrap_err();
     assert_eq!(err.to_string(), "tools[1].name: `a-b_9` is offered twice");
 }
 
@@ -41,30 +59,45 @@ fn choices_decide_whether_and_what_may_be_called() {
         tool("a", json!({"type": "object"}), false),
         tool("b", json!({"type": "object"}), false),
     ];
-    assert!(ToolSet::prepare(&tools, &ToolChoice::None, true)
-        .unwrap()
-        .is_none());
-    assert!(ToolSet::prepare(&[], &ToolChoice::Auto, true)
-        .unwrap()
-        .is_none());
+    assert!(
+        ToolSet::prepare(&tools, &ToolChoice::None, true, CallSyntax::Hermes)
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        ToolSet::prepare(&[], &ToolChoice::Auto, true, CallSyntax::Hermes)
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(
-        ToolSet::prepare(&[], &ToolChoice::Required, true).unwrap_err(),
+        ToolSet::prepare(&[], &ToolChoice::Required, true, CallSyntax::Hermes).unwrap_err(),
         ToolError::NothingToCall
     );
     assert_eq!(
-        ToolSet::prepare(&tools, &ToolChoice::Function("c".into()), true).unwrap_err(),
+        ToolSet::prepare(
+            &tools,
+            &ToolChoice::Function("c".into()),
+            true,
+            CallSyntax::Hermes
+        )
+        .unwrap_err(),
         ToolError::UnknownChoice("c".into())
     );
-    let auto = ToolSet::prepare(&tools, &ToolChoice::Auto, true)
+    let auto = ToolSet::prepare(&tools, &ToolChoice::Auto, true, CallSyntax::Hermes)
         .unwrap()
         .unwrap();
     assert_eq!(auto.mode, CallMode::Auto);
     assert!(accepts(&auto, r#"{"name": "a", "arguments": {}}"#));
     assert!(accepts(&auto, r#"{"name": "b", "arguments": {"x": 1}}"#));
     assert!(!accepts(&auto, r#"{"name": "c", "arguments": {}}"#));
-    let named = ToolSet::prepare(&tools, &ToolChoice::Function("b".into()), false)
-        .unwrap()
-        .unwrap();
+    let named = ToolSet::prepare(
+        &tools,
+        &ToolChoice::Function("b".into()),
+        false,
+        CallSyntax::Hermes,
+    )
+    .unwrap()
+    .unwrap();
     assert_eq!(named.mode, CallMode::Forced);
     assert!(!named.parallel);
     assert!(accepts(&named, r#"{"name": "b", "arguments": {}}"#));
@@ -85,7 +118,7 @@ fn arguments_follow_each_tools_schema_refs_included() {
         tool("order", order, true),
         tool("ping", json!({"type": "object", "properties": {}}), false),
     ];
-    let set = ToolSet::prepare(&tools, &ToolChoice::Auto, true)
+    let set = ToolSet::prepare(&tools, &ToolChoice::Auto, true, CallSyntax::Hermes)
         .unwrap()
         .unwrap();
     assert!(accepts(
@@ -110,8 +143,13 @@ fn arguments_follow_each_tools_schema_refs_included() {
 #[test]
 fn an_unenforceable_schema_is_refused_only_for_strict_tools() {
     let pattern = json!({"type": "object", "properties": {"zip": {"type": "string", "not": {"const": "00000"}}}});
-    let err =
-        ToolSet::prepare(&[tool("f", pattern.clone(), true)], &ToolChoice::Auto, true).unwrap_err();
+    let err = ToolSet::prepare(
+        &[tool("f", pattern.clone(), true)],
+        &ToolChoice::Auto,
+        true,
+        CallSyntax::Hermes,
+    )
+    .unwrap_err();
     let message = err.to_string();
     assert!(
         message.starts_with("tools[0] (`f`).parameters: JSON schema at #/properties/zip"),
@@ -119,9 +157,14 @@ fn an_unenforceable_schema_is_refused_only_for_strict_tools() {
     );
     assert!(message.contains("`not`"), "{message}");
     // Not strict: any object, as OpenAI does not hold such tools to their schemas.
-    let loose = ToolSet::prepare(&[tool("f", pattern, false)], &ToolChoice::Auto, true)
-        .unwrap()
-        .unwrap();
+    let loose = ToolSet::prepare(
+        &[tool("f", pattern, false)],
+        &ToolChoice::Auto,
+        true,
+        CallSyntax::Hermes,
+    )
+    .unwrap()
+    .unwrap();
     assert!(accepts(
         &loose,
         r#"{"name": "f", "arguments": {"zip": "abc", "n": [1]}}"#
@@ -133,7 +176,7 @@ fn an_unenforceable_schema_is_refused_only_for_strict_tools() {
             ..tool("f", json!({}), false)
         };
         assert!(matches!(
-            ToolSet::prepare(&[spec], &ToolChoice::Auto, true),
+            ToolSet::prepare(&[spec], &ToolChoice::Auto, true, CallSyntax::Hermes),
             Err(ToolError::BadParameters { .. })
         ));
     }
@@ -167,8 +210,12 @@ fn history() -> Vec<ToolChatMessage> {
 #[test]
 fn native_templates_get_tools_and_calls_as_data() {
     let tools = [tool("get_weather", json!({"type": "object"}), false)];
-    let TemplateInputs { messages, tools } =
-        template_inputs(TemplateTools::Native, &history(), &tools, true);
+    let TemplateInputs { messages, tools } = template_inputs(
+        TemplateTools::Native(CallSyntax::Hermes),
+        &history(),
+        &tools,
+        true,
+    );
     assert_eq!(
         tools.unwrap()[0],
         json!({"type": "function", "function": {"name": "get_weather", "description": "the get_weather tool", "parameters": {"type": "object"}}})
@@ -217,10 +264,40 @@ fn other_templates_get_the_tools_described_and_calls_written_out() {
 fn templates_are_told_apart_by_their_call_syntax() {
     assert_eq!(
         TemplateTools::of_template("{% if tools %}<tool_call>{% endif %}"),
-        TemplateTools::Native
+        TemplateTools::Native(CallSyntax::Hermes)
     );
     assert_eq!(
         TemplateTools::of_template("{% for m in messages %}{{ m.content }}{% endfor %}"),
         TemplateTools::Described
     );
+    // Llama 3.1 to 3.3: calls as `{"name": ..., "parameters": ...}`, results as
+    // `ipython` turns.
+    let llama = r#"{% if tools is not none %}Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.{% endif %}{% if message.role == "ipython" %}{% endif %}"#;
+    assert_eq!(
+        TemplateTools::of_template(llama),
+        TemplateTools::Native(CallSyntax::LlamaJson)
+    );
+    assert_eq!(
+        TemplateTools::Native(CallSyntax::LlamaJson).syntax(),
+        CallSyntax::LlamaJson
+    );
+    assert_eq!(TemplateTools::Described.syntax(), CallSyntax::Hermes);
+}
+
+#[test]
+fn the_llama_syntax_writes_parameters_and_makes_one_call_an_answer() {
+    let tools = [tool(
+        "f",
+        json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+        true,
+    )];
+    let set = ToolSet::prepare(&tools, &ToolChoice::Auto, true, CallSyntax::LlamaJson)
+        .unwrap()
+        .unwrap();
+    assert!(
+        !set.parallel,
+        "Llama templates refuse several calls in one turn"
+    );
+    assert!(accepts(&set, r#"{"name": "f", "parameters": {"x": 3}}"#));
+    assert!(!accepts(&set, r#"{"name": "f", "arguments": {"x": 3}}"#));
 }

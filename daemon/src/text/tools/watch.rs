@@ -9,7 +9,7 @@
 
 use spark_client::protocol::ToolCall;
 
-use super::{CallMode, ToolSet, CALL_CLOSE, CALL_OPEN};
+use super::{CallMode, CallSyntax, ToolSet, CALL_CLOSE, CALL_OPEN};
 use crate::text::constraint::JsonConstraint;
 
 /// What one token's bytes made of the answer.
@@ -25,6 +25,9 @@ pub struct Watched {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// The Llama syntax, before the answer's first byte other than whitespace (held):
+    /// `{` makes the answer a call, anything else text.
+    Start,
     /// Text; `held` bytes may begin an opening tag.
     Text,
     /// Inside a call, after its opening tag: the JSON is constrained.
@@ -62,8 +65,10 @@ impl CallWatcher {
             calls: 0,
         };
         if watcher.tools.mode == CallMode::Forced {
-            // The prompt ends with the opening tag.
+            // The prompt ends with the opening tag (the Llama syntax has none).
             watcher.open_call();
+        } else if watcher.tools.syntax == CallSyntax::LlamaJson {
+            watcher.state = State::Start;
         }
         watcher
     }
@@ -109,6 +114,17 @@ impl CallWatcher {
     fn byte(&mut self, b: u8, out: &mut Watched) {
         match self.state {
             State::Ended => {}
+            State::Start if b.is_ascii_whitespace() => self.held.push(b),
+            State::Start if b == b'{' => {
+                self.tag = std::mem::take(&mut self.held);
+                self.open_call();
+                self.call_byte(b, out);
+            }
+            State::Start => {
+                self.state = State::Text;
+                out.text.append(&mut self.held);
+                self.text_byte(b, out);
+            }
             State::Text => self.text_byte(b, out),
             State::Call => self.call_byte(b, out),
             State::AfterCall { matched } => {
@@ -129,6 +145,11 @@ impl CallWatcher {
     }
 
     fn text_byte(&mut self, b: u8, out: &mut Watched) {
+        if self.tools.syntax == CallSyntax::LlamaJson {
+            // A Llama answer is a call only from its start.
+            out.text.push(b);
+            return;
+        }
         self.held.push(b);
         let open = CALL_OPEN.as_bytes();
         if self.held == open {
@@ -164,7 +185,7 @@ impl CallWatcher {
             return;
         }
         self.constraint = None;
-        match parse_call(&self.json) {
+        match parse_call(&self.json, self.tools.syntax.arguments_key()) {
             Some(call) => {
                 self.calls += 1;
                 out.calls.push(call);
@@ -192,12 +213,12 @@ impl CallWatcher {
     }
 }
 
-/// A complete call object: its tool's name and its arguments (compact JSON, in the
-/// order written).
-fn parse_call(json: &[u8]) -> Option<ToolCall> {
+/// A complete call object: its tool's name and its arguments (under `arguments_key`;
+/// compact JSON, in the order written).
+fn parse_call(json: &[u8], arguments_key: &str) -> Option<ToolCall> {
     let value: serde_json::Value = serde_json::from_slice(json).ok()?;
     let name = value.get("name")?.as_str()?.to_string();
-    let arguments = value.get("arguments").filter(|a| a.is_object())?;
+    let arguments = value.get(arguments_key).filter(|a| a.is_object())?;
     Some(ToolCall {
         id: new_call_id(),
         name,
@@ -221,6 +242,10 @@ mod tests {
     use spark_client::protocol::{ToolChoice, ToolSpec};
 
     fn tools(choice: ToolChoice, parallel: bool) -> ToolSet {
+        tools_in(CallSyntax::Hermes, choice, parallel)
+    }
+
+    fn tools_in(syntax: CallSyntax, choice: ToolChoice, parallel: bool) -> ToolSet {
         let weather = ToolSpec {
             name: "get_weather".into(),
             description: "Weather in a city".into(),
@@ -238,7 +263,7 @@ mod tests {
             parameters: String::new(),
             strict: false,
         };
-        ToolSet::prepare(&[weather, time], &choice, parallel)
+        ToolSet::prepare(&[weather, time], &choice, parallel, syntax)
             .unwrap()
             .unwrap()
     }
@@ -331,6 +356,55 @@ mod tests {
         let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
         let (out, calls, _) = run(&mut w, "<tool_call>oops, a tag", 64);
         assert_eq!(out, "<tool_call>oops, a tag");
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn a_llama_answer_that_begins_with_a_brace_is_one_call() {
+        let text = "\n {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
+        for step in [1, 2, 5, 64] {
+            let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+            assert!(
+                w.is_free(),
+                "free until the first byte that is not whitespace"
+            );
+            let (out, calls, end) = run(&mut w, text, step);
+            assert_eq!(out, "", "step {step}");
+            assert!(end, "one call is the whole answer");
+            assert_eq!(calls.len(), 1);
+            assert_eq!(calls[0].name, "get_weather");
+            assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
+        }
+    }
+
+    #[test]
+    fn a_llama_answer_that_begins_otherwise_is_text_to_the_end() {
+        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+        let text = "  It is {\"name\": \"get_time\", \"parameters\": {}} <tool_call>";
+        let (out, calls, end) = run(&mut w, text, 3);
+        assert_eq!(out, text);
+        assert!(calls.is_empty() && !end);
+        // Held to the call schema once it begins: `arguments` is not the Llama key.
+        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+        w.push(b"{");
+        let c = w.constraint().unwrap();
+        assert!(c.accept(br#""name": "get_time", "#));
+        assert!(!c.clone().accept(br#""arguments""#));
+        assert!(c.accept(br#""parameters": {}}"#));
+    }
+
+    #[test]
+    fn a_forced_llama_call_is_held_from_the_first_token() {
+        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Required, true));
+        assert!(!w.is_free(), "no tag: the answer is the call");
+        let (out, calls, end) = run(&mut w, "{\"name\": \"get_time\", \"parameters\": {}}", 4);
+        assert!(end && out.is_empty());
+        assert_eq!(calls.len(), 1);
+        // Cut short: given back as the text it was.
+        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+        let text = " {\"name\": \"get_weather\", \"param";
+        let (out, calls, _) = run(&mut w, text, 4);
+        assert_eq!(out, text);
         assert!(calls.is_empty());
     }
 
