@@ -24,13 +24,25 @@ const TIME: &str = concat!(
     "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9]))",
 );
 
+/// RFC 3339 Appendix A's `dur-time`: hours, minutes and seconds, largest first, each
+/// part only after the one above it. A macro, so `concat!` can take it twice below.
+macro_rules! duration_time {
+    () => {
+        "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
+    };
+}
+
 /// RFC 3339 Appendix A: a week count alone, or date parts largest first, then a time
 /// part (`dur-year = Y [dur-month]`, `dur-month = M [dur-day]`, and so on).
 const DURATION: &str = concat!(
     "(?:P(?:[0-9]+W",
     "|(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)",
-    "(?:T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S))?",
-    "|T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)))",
+    "(?:",
+    duration_time!(),
+    ")?",
+    "|",
+    duration_time!(),
+    "))",
 );
 
 const UUID: &str =
