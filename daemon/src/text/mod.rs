@@ -15,6 +15,7 @@ mod spm;
 mod stop;
 mod stream;
 mod template;
+mod template_compat;
 mod tokenizer;
 pub mod tools;
 mod unicode;

@@ -1,6 +1,7 @@
 //! Chat templates: the model's Jinja template (`tokenizer.chat_template`) turning a list of
 //! messages into prompt text, rendered with minijinja set up like llama.cpp's and Hugging
-//! Face's Jinja (trimmed blocks, Python string methods, `raise_exception`, `tojson`).
+//! Face's Jinja (trimmed blocks, Python string methods, `raise_exception`, `tojson`,
+//! and what [`super::template_compat`] adds).
 //!
 //! Messages are passed to the template as data. Their content is never parsed as template
 //! code, so a user writing `{{ 7*7 }}` gets those characters, not `49`.
@@ -9,6 +10,7 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use spark_client::protocol::{ChatMessage, ToolChatMessage, ToolSpec};
 
+use super::template_compat::{self as compat, merge_system_messages};
 use super::tools::prompt::{template_inputs, TemplateInputs, TemplateTools};
 use super::{TextError, Tokenizer};
 
@@ -18,11 +20,17 @@ const NAME: &str = "chat_template";
 pub struct ChatTemplate {
     env: Environment<'static>,
     tools: TemplateTools,
+    /// Whether the template renders a system message. When it does not (it raises an
+    /// error, or drops the text), system messages are merged into the user's.
+    system_role: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").finish_non_exhaustive()
+        f.debug_struct("ChatTemplate")
+            .field("tools", &self.tools)
+            .field("system_role", &self.system_role)
+            .finish_non_exhaustive()
     }
 }
 
@@ -37,17 +45,41 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.to_string())
+        compat::add_to_environment(&mut env);
+        env.add_template_owned(NAME, compat::rewrite_generation_blocks(source).into_owned())
             .map_err(|e| TextError::TemplateSyntax(describe(&e)))?;
-        Ok(Self {
+        let mut template = Self {
             env,
             tools: TemplateTools::of_template(source),
-        })
+            system_role: true,
+        };
+        template.system_role = template.renders_system_messages();
+        Ok(template)
+    }
+
+    /// Whether the template renders a system message's text, tried once at load as
+    /// llama.cpp does. A template that cannot render even a lone user message is left as
+    /// it is: its errors are reported at the first request.
+    fn renders_system_messages(&self) -> bool {
+        const NEEDLE: &str = "<System message 7f3a>";
+        let user = serde_json::json!({"role": "user", "content": "User message"});
+        let system = serde_json::json!({"role": "system", "content": NEEDLE});
+        let render = |messages| self.render_values(messages, None, true, ("", ""));
+        if render(vec![user.clone()]).is_err() {
+            return true;
+        }
+        render(vec![system, user]).is_ok_and(|text| text.contains(NEEDLE))
     }
 
     /// Whether the template renders tools and tool calls itself.
     pub fn tools(&self) -> TemplateTools {
         self.tools
+    }
+
+    /// Whether the template renders system messages itself (when not, they are merged
+    /// into the user message that follows).
+    pub fn system_role(&self) -> bool {
+        self.system_role
     }
 
     /// The template from GGUF metadata (`tokenizer.chat_template`), or `None` when the
@@ -68,8 +100,28 @@ impl ChatTemplate {
         eos_token: &str,
     ) -> Result<String, TextError> {
         self.render_values(
-            Value::from_serialize(messages),
+            plain_messages(messages),
             None,
+            add_generation_prompt,
+            (bos_token, eos_token),
+        )
+    }
+
+    /// Renders a chat with tools (see [`super::tools::prompt`]) as
+    /// [`Self::render_tool_prompt`] does, with the given BOS and EOS texts.
+    pub fn render_tools(
+        &self,
+        messages: &[ToolChatMessage],
+        tools: &[ToolSpec],
+        show_tools: bool,
+        add_generation_prompt: bool,
+        (bos_token, eos_token): (&str, &str),
+    ) -> Result<String, TextError> {
+        let TemplateInputs { messages, tools } =
+            template_inputs(self.tools, messages, tools, show_tools);
+        self.render_values(
+            messages,
+            tools,
             add_generation_prompt,
             (bos_token, eos_token),
         )
@@ -77,21 +129,27 @@ impl ChatTemplate {
 
     fn render_values(
         &self,
-        messages: Value,
-        tools: Option<Value>,
+        mut messages: Vec<serde_json::Value>,
+        tools: Option<Vec<serde_json::Value>>,
         add_generation_prompt: bool,
         (bos_token, eos_token): (&str, &str),
     ) -> Result<String, TextError> {
+        if !self.system_role {
+            merge_system_messages(&mut messages);
+        }
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| TextError::TemplateRender(describe(&e)))?;
+        let (datetime, date_string) = compat::dates(&chrono::Local::now());
         let ctx = minijinja::context! {
-            messages => messages,
-            tools => tools,
+            messages => Value::from_serialize(&messages),
+            tools => tools.map(|t| Value::from_serialize(&t)),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
+            datetime => datetime,
+            date_string => date_string,
         };
         tmpl.render(ctx)
             .map_err(|e| TextError::TemplateRender(describe(&e)))
@@ -105,7 +163,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         tokenizer: &Tokenizer,
     ) -> Result<String, TextError> {
-        self.prompt_of(Value::from_serialize(messages), None, tokenizer)
+        self.prompt_of(plain_messages(messages), None, tokenizer)
     }
 
     /// The prompt for a chat with tools (see [`super::tools::prompt`]); `show_tools`
@@ -119,17 +177,13 @@ impl ChatTemplate {
     ) -> Result<String, TextError> {
         let TemplateInputs { messages, tools } =
             template_inputs(self.tools, messages, tools, show_tools);
-        self.prompt_of(
-            Value::from_serialize(&messages),
-            tools.map(|t| Value::from_serialize(&t)),
-            tokenizer,
-        )
+        self.prompt_of(messages, tools, tokenizer)
     }
 
     fn prompt_of(
         &self,
-        messages: Value,
-        tools: Option<Value>,
+        messages: Vec<serde_json::Value>,
+        tools: Option<Vec<serde_json::Value>>,
         tokenizer: &Tokenizer,
     ) -> Result<String, TextError> {
         let text_of = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap_or("");
@@ -141,6 +195,14 @@ impl ChatTemplate {
         }
         Ok(prompt)
     }
+}
+
+/// Messages as `{role, content}` objects.
+fn plain_messages(messages: &[ChatMessage]) -> Vec<serde_json::Value> {
+    messages
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect()
 }
 
 /// minijinja's message plus the chain of causes (where in the template it failed).

@@ -45,3 +45,21 @@ pub fn load_tokenizer(path: &Path) -> Tokenizer {
     let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
     Tokenizer::new(spec).expect("tokenizer")
 }
+
+/// The real chat templates `scripts/fetch-template-corpus.sh` fetches.
+#[allow(dead_code)] // Each test binary uses its own part of this module.
+pub fn template_corpus_dir() -> Option<PathBuf> {
+    const FOLDER: &str = "sparkd/chat-templates/llama-cpp-python-0.3.36";
+    if let Some(dir) = std::env::var_os("SPARKD_TEMPLATE_CORPUS") {
+        return Some(PathBuf::from(dir));
+    }
+    let caches = [
+        std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join(FOLDER)),
+        home().map(|h| h.join(".cache").join(FOLDER)),
+    ];
+    // The script marks a finished fetch.
+    caches
+        .into_iter()
+        .flatten()
+        .find(|d| d.join(".complete").is_file())
+}
