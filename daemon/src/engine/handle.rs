@@ -184,6 +184,16 @@ impl EngineHandle {
             context,
             "engine started"
         );
+        match &template {
+            Some(t) if !t.system_role() => tracing::info!(
+                tools = ?t.tools(),
+                "the chat template has no system role: system messages go in front of the next user message"
+            ),
+            Some(t) => tracing::info!(tools = ?t.tools(), "chat template"),
+            None => {
+                tracing::info!("no chat template: chat requests are refused, raw prompts served")
+            }
+        }
         Ok(Arc::new(EngineHandle {
             commands: Mutex::new(tx),
             queue_limits: std::sync::RwLock::new(QueueLimits {
