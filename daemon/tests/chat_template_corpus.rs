@@ -9,6 +9,8 @@
 mod support;
 
 use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
+use sparkd::text::tools::prompt::TemplateTools;
+use sparkd::text::tools::CallSyntax;
 use sparkd::text::ChatTemplate;
 
 /// Templates that cannot render on their own, and why. Each needs what only its model's
@@ -37,15 +39,62 @@ fn weather_tool() -> ToolSpec {
     }
 }
 
-/// A conversation, whether tools are offered, and the texts its prompt must hold.
+/// How some templates must be read: the syntax their models write tool calls in, and
+/// whether they take a system message. Templates that wrap another syntax in
+/// `<tool_call>` tags (XML parameters, `<arg_key>`) get the tools described, so their
+/// models are never held to a JSON syntax the history does not show them.
+const CLASSIFIED: &[(&str, TemplateTools, bool)] = &[
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", NATIVE_HERMES, true),
+    ("Qwen-Qwen3-0.6B.jinja", NATIVE_HERMES, true),
+    (
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+        NATIVE_HERMES,
+        true,
+    ),
+    ("ibm-granite-granite-4.0.jinja", NATIVE_HERMES, true),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", NATIVE_LLAMA, true),
+    (
+        "meta-llama-Llama-3.3-70B-Instruct.jinja",
+        NATIVE_LLAMA,
+        true,
+    ),
+    ("Qwen3-Coder.jinja", TemplateTools::Described, true),
+    ("GLM-4.6.jinja", TemplateTools::Described, true),
+    ("MiniMax-M3.jinja", TemplateTools::Described, true),
+    (
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        TemplateTools::Described,
+        true,
+    ),
+    (
+        "HuggingFaceTB-SmolLM3-3B.jinja",
+        TemplateTools::Described,
+        true,
+    ),
+    (
+        "google-gemma-2-2b-it.jinja",
+        TemplateTools::Described,
+        false,
+    ),
+];
+const NATIVE_HERMES: TemplateTools = TemplateTools::Native(CallSyntax::Hermes);
+const NATIVE_LLAMA: TemplateTools = TemplateTools::Native(CallSyntax::LlamaJson);
+
+/// A conversation, the tools offered (none: hidden), and the texts its prompt must hold.
 struct Case {
     name: &'static str,
     messages: Vec<ToolChatMessage>,
-    show_tools: bool,
+    tools: Vec<ToolSpec>,
     must_hold: Vec<&'static str>,
 }
 
 fn cases() -> Vec<Case> {
+    let bare_tool = ToolSpec {
+        name: "get_time".into(),
+        description: String::new(),
+        parameters: String::new(),
+        strict: false,
+    };
     let call = ToolCall {
         id: "call_Xk29mPq81LzT0aBcDeFgHiJk".into(),
         name: "get_weather".into(),
@@ -65,7 +114,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "one question",
             messages: vec![message("user", QUESTION)],
-            show_tools: false,
+            tools: vec![],
             must_hold: vec![QUESTION],
         },
         Case {
@@ -76,7 +125,7 @@ fn cases() -> Vec<Case> {
                 message("assistant", ANSWER),
                 message("user", FOLLOW_UP),
             ],
-            show_tools: false,
+            tools: vec![],
             must_hold: vec![SYSTEM, QUESTION, ANSWER, FOLLOW_UP],
         },
         Case {
@@ -85,7 +134,7 @@ fn cases() -> Vec<Case> {
                 message("system", SYSTEM),
                 message("user", "Weather in Bergen?"),
             ],
-            show_tools: true,
+            tools: vec![weather_tool()],
             must_hold: vec![
                 SYSTEM,
                 "Weather in Bergen?",
@@ -94,9 +143,15 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "a tool without a description or parameters",
+            messages: vec![message("user", "What time is it?")],
+            tools: vec![bare_tool],
+            must_hold: vec!["What time is it?", "get_time"],
+        },
+        Case {
             name: "a call and its result",
             messages: vec![message("user", "Weather in Bergen?"), calling, result],
-            show_tools: true,
+            tools: vec![weather_tool()],
             must_hold: vec!["Weather in Bergen?", "get_weather", "Bergen", TOOL_RESULT],
         },
     ]
@@ -122,7 +177,6 @@ fn every_real_template_renders_what_the_caller_wrote() {
         paths.len(),
         dir.display()
     );
-    let tools = [weather_tool()];
     let mut failures = Vec::new();
     for path in &paths {
         let file = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -134,12 +188,21 @@ fn every_real_template_renders_what_the_caller_wrote() {
                 continue;
             }
         };
+        if let Some((_, tools, system_role)) = CLASSIFIED.iter().find(|(f, ..)| *f == file) {
+            if (template.tools(), template.system_role()) != (*tools, *system_role) {
+                failures.push(format!(
+                    "{file}: read as {:?} with system role {}, expected {tools:?} and {system_role}",
+                    template.tools(),
+                    template.system_role()
+                ));
+            }
+        }
         let expected_failure = NEEDS_CALLER_VARIABLES.iter().find(|(f, _)| *f == file);
         for case in cases() {
             let rendered = template.render_tools(
                 &case.messages,
-                &tools,
-                case.show_tools,
+                &case.tools,
+                !case.tools.is_empty(),
                 true,
                 ("<s>", "</s>"),
             );

@@ -8,10 +8,11 @@
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
-use spark_client::protocol::{ChatMessage, ToolChatMessage, ToolSpec};
+use spark_client::protocol::{ChatMessage, ToolCall, ToolChatMessage, ToolSpec};
 
 use super::template_compat::{self as compat, merge_system_messages};
 use super::tools::prompt::{template_inputs, TemplateInputs, TemplateTools};
+use super::tools::CallSyntax;
 use super::{TextError, Tokenizer};
 
 const NAME: &str = "chat_template";
@@ -54,7 +55,51 @@ impl ChatTemplate {
             system_role: true,
         };
         template.system_role = template.renders_system_messages();
+        if template.tools == TemplateTools::Native(CallSyntax::Hermes)
+            && !template.renders_hermes_calls()
+        {
+            template.tools = TemplateTools::Described;
+        }
         Ok(template)
+    }
+
+    /// Whether the template shows the model the tools it is given and writes a
+    /// history's tool call in the Hermes syntax, tried once at load: a template that
+    /// merely has the tag may wrap another syntax in it, or read its tools elsewhere.
+    fn renders_hermes_calls(&self) -> bool {
+        const NAME: &str = "probe_tool_7f3a";
+        const DESCRIPTION: &str = "Probe description 7f3a";
+        let call = ToolCall {
+            id: "call_probe0000000000000000000".into(),
+            name: NAME.into(),
+            arguments: r#"{"probe": 1}"#.into(),
+        };
+        let question = ToolChatMessage::new("user", "User message");
+        let history = [
+            question.clone(),
+            ToolChatMessage {
+                role: "assistant".into(),
+                content: None,
+                tool_calls: vec![call.clone()],
+                tool_call_id: None,
+            },
+            ToolChatMessage {
+                tool_call_id: Some(call.id),
+                ..ToolChatMessage::new("tool", "Tool result")
+            },
+        ];
+        let tools = [ToolSpec {
+            name: NAME.into(),
+            description: DESCRIPTION.into(),
+            parameters: r#"{"type": "object", "properties": {"probe": {"type": "integer"}}}"#
+                .into(),
+            strict: false,
+        }];
+        let render = |messages: &[ToolChatMessage]| {
+            self.render_tools(messages, &tools, true, true, ("", ""))
+        };
+        render(&[question]).is_ok_and(|text| text.contains(DESCRIPTION))
+            && render(&history).is_ok_and(|text| TemplateTools::writes_hermes_calls(&text, NAME))
     }
 
     /// Whether the template renders a system message's text, tried once at load as
@@ -144,6 +189,8 @@ impl ChatTemplate {
         let (datetime, date_string) = compat::dates(&chrono::Local::now());
         let ctx = minijinja::context! {
             messages => Value::from_serialize(&messages),
+            // SmolLM3's template reads its tools from `xml_tools`.
+            xml_tools => tools.as_ref().map(Value::from_serialize),
             tools => tools.map(|t| Value::from_serialize(&t)),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
@@ -409,6 +456,57 @@ mod tests {
             out,
             "[{\"role\": \"user\", \"content\": \"é \\\"q\\\"\\n<b>\"}]|{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}"
         );
+    }
+
+    /// A template in the Hermes style whose calls are written by `CALL`, and whose
+    /// tools come from `TOOLS_VAR`.
+    fn hermes_like(tools_var: &str, call: &str) -> ChatTemplate {
+        ChatTemplate::new(&format!(
+            "{{% if {tools_var} %}}<tools>{{% for t in {tools_var} %}}{{{{ t | tojson }}}}{{% endfor %}}</tools>{{% endif %}}\
+             {{% for m in messages %}}{{% if m.tool_calls %}}{{% for c in m.tool_calls %}}<tool_call>{call}</tool_call>{{% endfor %}}\
+             {{% else %}}{{{{ m.role }}}}: {{{{ m.content }}}}\n{{% endif %}}{{% endfor %}}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_templates_that_write_hermes_json_calls_are_read_as_hermes() {
+        let json_call =
+            "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}";
+        let native = TemplateTools::Native(CallSyntax::Hermes);
+        assert_eq!(hermes_like("tools", json_call).tools(), native);
+        // SmolLM3's template takes its tools as `xml_tools`.
+        assert_eq!(hermes_like("xml_tools", json_call).tools(), native);
+        // Qwen3-Coder's wraps XML parameters in the tag.
+        let xml_call = "<function={{ c.function.name }}><parameter=probe>1</parameter></function>";
+        assert_eq!(
+            hermes_like("tools", xml_call).tools(),
+            TemplateTools::Described
+        );
+        // Tools read from a variable nobody passes are never shown to the model.
+        assert_eq!(
+            hermes_like("functions", json_call).tools(),
+            TemplateTools::Described
+        );
+    }
+
+    #[test]
+    fn a_template_without_a_system_role_gets_the_system_text_in_the_user_turn() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}<{{ m.role }}>{{ m.content }}{% endfor %}",
+        )
+        .unwrap();
+        assert!(!t.system_role());
+        let out = t
+            .render(
+                &msgs(&[("system", "Be brief."), ("user", "Hi")]),
+                false,
+                "",
+                "",
+            )
+            .unwrap();
+        assert_eq!(out, "<user>Be brief.\nHi");
+        assert!(ChatTemplate::new(CHATML).unwrap().system_role());
     }
 
     #[test]

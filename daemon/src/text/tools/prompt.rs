@@ -40,6 +40,25 @@ impl TemplateTools {
         }
     }
 
+    /// Whether `rendered`, a template's rendering of a history that called `name`
+    /// with `{"probe": 1}`, wrote that call as the Hermes syntax does: the tag, then
+    /// the call as one JSON object with `name` and `arguments`. Templates that write
+    /// `<tool_call>` around another syntax (Qwen3-Coder's `<function=...>`, GLM's
+    /// `<arg_key>`) fail this, and their models would be held to the wrong one.
+    pub fn writes_hermes_calls(rendered: &str, name: &str) -> bool {
+        rendered.match_indices(CALL_OPEN).any(|(at, tag)| {
+            let rest = rendered[at + tag.len()..].trim_start();
+            let Some(Ok(Value::Object(call))) = serde_json::Deserializer::from_str(rest)
+                .into_iter::<Value>()
+                .next()
+            else {
+                return false;
+            };
+            call.get("name").and_then(Value::as_str) == Some(name)
+                && call.get("arguments") == Some(&json!({"probe": 1}))
+        })
+    }
+
     /// The syntax the model is to write calls in.
     pub fn syntax(self) -> CallSyntax {
         match self {
@@ -89,12 +108,12 @@ fn function_object(tool: &ToolSpec) -> Value {
         .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
     let mut function = Map::new();
     function.insert("name".into(), Value::String(tool.name.clone()));
-    if !tool.description.is_empty() {
-        function.insert(
-            "description".into(),
-            Value::String(tool.description.clone()),
-        );
-    }
+    // Always there, empty when the caller gave none, as transformers' `get_json_schema`
+    // writes it: Hermes' templates concatenate it and fail on a missing one.
+    function.insert(
+        "description".into(),
+        Value::String(tool.description.clone()),
+    );
     function.insert("parameters".into(), parameters);
     json!({"type": "function", "function": function})
 }
