@@ -274,35 +274,41 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 
 /// `tojson` as transformers defines it for chat templates: Python's `json.dumps` with
 /// `ensure_ascii=False` (non-ASCII kept, no HTML escaping), `", "`/`": "` separators, and
-/// an optional `indent`.
+/// optional `indent`, `ensure_ascii` and `sort_keys`.
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _: Option<bool> = kwargs.get("sort_keys")?;
+    let style = JsonStyle {
+        indent: kwargs.get("indent")?,
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+    };
     kwargs.assert_all_used()?;
     let mut out = String::new();
-    write_json(value, indent, 0, &mut out)?;
+    write_json(value, &style, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
 
-fn write_json(
-    v: &Value,
+/// `json.dumps`' options that templates pass.
+struct JsonStyle {
     indent: Option<usize>,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), Error> {
+    /// Non-ASCII characters written as `\uXXXX` escapes (surrogate pairs past U+FFFF).
+    ensure_ascii: bool,
+    /// Object keys in sorted order rather than as written.
+    sort_keys: bool,
+}
+
+fn write_json(v: &Value, style: &JsonStyle, depth: usize, out: &mut String) -> Result<(), Error> {
     let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
+        if let Some(n) = style.indent {
             out.push('\n');
             out.extend(std::iter::repeat_n(' ', n * depth));
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
+    let item_sep = if style.indent.is_some() { "," } else { ", " };
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
         ValueKind::Number => out.push_str(&v.to_string()),
-        ValueKind::String => write_json_string(v.as_str().unwrap_or_default(), out),
+        ValueKind::String => write_json_string(v.as_str().unwrap_or_default(), style, out),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
             out.push('[');
@@ -311,7 +317,7 @@ fn write_json(
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1);
-                write_json(item, indent, depth + 1, out)?;
+                write_json(item, style, depth + 1, out)?;
             }
             if !items.is_empty() {
                 newline(out, depth);
@@ -319,16 +325,19 @@ fn write_json(
             out.push(']');
         }
         ValueKind::Map => {
-            let keys: Vec<Value> = v.try_iter()?.collect();
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if style.sort_keys {
+                keys.sort_by_key(|k| k.to_string());
+            }
             out.push('{');
             for (i, key) in keys.iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1);
-                write_json_string(&key.to_string(), out);
+                write_json_string(&key.to_string(), style, out);
                 out.push_str(": ");
-                write_json(&v.get_item(key)?, indent, depth + 1, out)?;
+                write_json(&v.get_item(key)?, style, depth + 1, out)?;
             }
             if !keys.is_empty() {
                 newline(out, depth);
@@ -345,7 +354,7 @@ fn write_json(
     Ok(())
 }
 
-fn write_json_string(s: &str, out: &mut String) {
+fn write_json_string(s: &str, style: &JsonStyle, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -357,6 +366,12 @@ fn write_json_string(s: &str, out: &mut String) {
             '\u{08}' => out.push_str("\\b"),
             '\u{0C}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if style.ensure_ascii && !c.is_ascii() => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
             c => out.push(c),
         }
     }
@@ -507,6 +522,19 @@ mod tests {
             .unwrap();
         assert_eq!(out, "<user>Be brief.\nHi");
         assert!(ChatTemplate::new(CHATML).unwrap().system_role());
+    }
+
+    #[test]
+    fn tojson_ensure_ascii_and_sort_keys_follow_python() {
+        let t = ChatTemplate::new(
+            "{{ {'b': 'é😀', 'a': 1} | tojson(ensure_ascii=True) }}|{{ {'b': 2, 'a': 1} | tojson(sort_keys=True) }}",
+        )
+        .unwrap();
+        // json.dumps({'b': 'é😀', 'a': 1}, ensure_ascii=True) and sort_keys=True.
+        assert_eq!(
+            t.render(&msgs(&[("user", "x")]), true, "", "").unwrap(),
+            "{\"b\": \"\\u00e9\\ud83d\\ude00\", \"a\": 1}|{\"a\": 1, \"b\": 2}"
+        );
     }
 
     #[test]
