@@ -56,6 +56,8 @@ async fn main() -> anyhow::Result<()> {
             }
             // Only requests that offer tools (`PromptInput::ChatWithTools`) get calls.
             GenerationEvent::ToolCall(_) => {}
+            // A thinking model's reasoning, apart from the answer.
+            GenerationEvent::Reasoning(r) => eprint!("{}", r.text),
             GenerationEvent::Done(done) => {
                 println!();
                 eprintln!(

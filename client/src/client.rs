@@ -341,6 +341,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Recorded { .. } => "Recorded",
         ServerMessage::Prefilled(_) => "Prefilled",
         ServerMessage::ToolCall(_) => "ToolCall",
+        ServerMessage::Reasoning(_) => "Reasoning",
         ServerMessage::CacheStatus { .. } => "CacheStatus",
     }
 }
@@ -483,6 +484,7 @@ impl Routes {
             ServerMessage::Token(event) => event.id,
             ServerMessage::Prefilled(event) => event.id,
             ServerMessage::ToolCall(event) => event.id,
+            ServerMessage::Reasoning(event) => event.id,
             ServerMessage::Done(event) => event.id,
             ServerMessage::Error(ErrorEvent { id: Some(id), .. }) => *id,
             ServerMessage::Tokens { id, .. }
@@ -499,6 +501,7 @@ impl Routes {
             ServerMessage::Token(event) => Ok(GenerationEvent::Token(event)),
             ServerMessage::Prefilled(event) => Ok(GenerationEvent::Prefilled(event)),
             ServerMessage::ToolCall(event) => Ok(GenerationEvent::ToolCall(event)),
+            ServerMessage::Reasoning(event) => Ok(GenerationEvent::Reasoning(event)),
             other => Err(other),
         };
         let message = match streamed {

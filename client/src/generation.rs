@@ -12,7 +12,10 @@ use tokio::sync::mpsc;
 use crate::{
     client::Routes,
     error::ClientError,
-    protocol::{ClientMessage, DoneEvent, PrefillEvent, ServerMessage, TokenEvent, ToolCallEvent},
+    protocol::{
+        ClientMessage, DoneEvent, PrefillEvent, ReasoningEvent, ServerMessage, TokenEvent,
+        ToolCallEvent,
+    },
 };
 
 /// An event of a running generation.
@@ -24,6 +27,9 @@ pub enum GenerationEvent {
     Token(TokenEvent),
     /// A function call the model made (`PromptInput::ChatWithTools` only).
     ToolCall(ToolCallEvent),
+    /// A thinking model's reasoning, right before the `Token` that wrote it (daemons
+    /// speaking protocol 1.6 or later; see [`ServerMessage::Reasoning`]).
+    Reasoning(ReasoningEvent),
     /// Always the last event.
     Done(DoneEvent),
 }
@@ -35,6 +41,7 @@ impl GenerationEvent {
             GenerationEvent::Prefilled(event) => ServerMessage::Prefilled(event),
             GenerationEvent::Token(event) => ServerMessage::Token(event),
             GenerationEvent::ToolCall(event) => ServerMessage::ToolCall(event),
+            GenerationEvent::Reasoning(event) => ServerMessage::Reasoning(event),
             GenerationEvent::Done(event) => ServerMessage::Done(event),
         }
     }
@@ -92,8 +99,8 @@ impl Generation {
         Ok((text, done))
     }
 
-    /// Reads the stream to its end: the generated text, the tool calls the model made,
-    /// and the final `Done`.
+    /// Reads the stream to its end: the generated text (the answer: a thinking model's
+    /// reasoning is left out), the tool calls the model made, and the final `Done`.
     pub async fn collect(
         mut self,
     ) -> Result<(String, Vec<crate::protocol::ToolCall>, DoneEvent), ClientError> {
@@ -103,7 +110,7 @@ impl Generation {
             match event? {
                 GenerationEvent::Token(token) => text.push_str(&token.text),
                 GenerationEvent::ToolCall(event) => calls.push(event.call),
-                GenerationEvent::Prefilled(_) => {}
+                GenerationEvent::Prefilled(_) | GenerationEvent::Reasoning(_) => {}
                 GenerationEvent::Done(done) => return Ok((text, calls, done)),
             }
         }
@@ -123,7 +130,8 @@ impl Stream for Generation {
             Poll::Ready(Some(Ok(
                 event @ (GenerationEvent::Token(_)
                 | GenerationEvent::Prefilled(_)
-                | GenerationEvent::ToolCall(_)),
+                | GenerationEvent::ToolCall(_)
+                | GenerationEvent::Reasoning(_)),
             ))) => return Poll::Ready(Some(Ok(event))),
             Poll::Ready(Some(last)) => last,
             // The route was dropped without a final item: the connection ended.

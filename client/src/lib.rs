@@ -21,6 +21,7 @@
 //!         GenerationEvent::Prefilled(p) => eprintln!("{} prompt tokens cached", p.cached_tokens),
 //!         GenerationEvent::Token(token) => print!("{}", token.text),
 //!         GenerationEvent::ToolCall(c) => println!("\n{}({})", c.call.name, c.call.arguments),
+//!         GenerationEvent::Reasoning(r) => eprint!("{}", r.text),
 //!         GenerationEvent::Done(done) => println!("\n{:?}", done.finish_reason),
 //!     }
 //! }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 5;
+pub const PROTOCOL_MINOR: u16 = 6;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -159,6 +159,20 @@ pub enum ServerMessage {
     /// when a later call was cut short). Only sent for `PromptInput::ChatWithTools`.
     /// Since 1.5.
     ToolCall(ToolCallEvent),
+    /// Reasoning a thinking model wrote before its answer (`<think>` ... `</think>`,
+    /// tags left out), sent right before the `Token` event of the token that wrote it,
+    /// whose `text` then holds only answer text (often none). Sent for chat requests
+    /// without an output format or a forced call, and only to clients that announced
+    /// 1.6 or later: older clients get the reasoning in the tokens' text, as before.
+    /// Since 1.6.
+    Reasoning(ReasoningEvent),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReasoningEvent {
+    /// The generation's id.
+    pub id: u64,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +213,7 @@ impl ServerMessage {
             ServerMessage::Recorded { .. } => 1,
             ServerMessage::Prefilled(_) | ServerMessage::CacheStatus { .. } => 2,
             ServerMessage::ToolCall(_) => 5,
+            ServerMessage::Reasoning(_) => 6,
             ServerMessage::Welcome(_)
             | ServerMessage::Token(_)
             | ServerMessage::Done(_)
@@ -927,6 +942,27 @@ mod tests {
                 },
                 10,
                 2,
+            ),
+            (
+                ServerMessage::ToolCall(ToolCallEvent {
+                    id: 1,
+                    index: 0,
+                    call: ToolCall {
+                        id: String::new(),
+                        name: String::new(),
+                        arguments: String::new(),
+                    },
+                }),
+                11,
+                5,
+            ),
+            (
+                ServerMessage::Reasoning(ReasoningEvent {
+                    id: 1,
+                    text: String::new(),
+                }),
+                12,
+                6,
             ),
         ];
         check(&cases, ServerMessage::since_minor);

@@ -883,3 +883,65 @@ fn chat_on_the_default_model_keeps_a_turn_that_made_calls_in_its_history() {
     assert_eq!(sizes.len(), 2, "{sizes:?}");
     assert!(sizes[1] > sizes[0] + 10, "history resent: {sizes:?}");
 }
+
+/// A chat template whose generation prompt opens the model's thinking (as
+/// DeepSeek-R1's does): everything the random model writes is reasoning.
+const THINKING_TEMPLATE: &str =
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: <think>\n";
+
+#[test]
+fn reasoning_goes_to_stderr_and_json_reasoning_lines() {
+    let dir = TempDir::new("thinking");
+    let template = dir.path().join("thinking.jinja");
+    std::fs::write(&template, THINKING_TEMPLATE).unwrap();
+    let d = Daemon::start(
+        &tiny_model(),
+        &["--chat-template", template.to_str().unwrap()],
+    );
+    let args = [
+        "--max-tokens",
+        "8",
+        "--seed",
+        "5",
+        "--temperature",
+        "1",
+        "hi",
+    ];
+
+    let json = spark(&d.socket, &[&["run", "--json"][..], &args[..]].concat());
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let events: Vec<serde_json::Value> = text(&json.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    // Each token: its reasoning (when it has text), then the token, with no answer text.
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "token").count(),
+        8,
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&"reasoning"), "{kinds:?}");
+    assert!(events
+        .iter()
+        .filter(|e| e["type"] == "token")
+        .all(|e| e["text"] == ""));
+    let reasoning: String = events
+        .iter()
+        .filter(|e| e["type"] == "reasoning")
+        .map(|e| e["text"].as_str().unwrap())
+        .collect();
+    assert!(!reasoning.is_empty());
+
+    // Text mode: stdout has only the answer (none here); the reasoning and the stats
+    // line are on stderr.
+    let plain = spark(&d.socket, &[&["run"][..], &args[..]].concat());
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    assert_eq!(text(&plain.stdout), "");
+    let stderr = text(&plain.stderr);
+    assert!(
+        stderr.starts_with(&reasoning),
+        "{stderr:?} vs {reasoning:?}"
+    );
+    assert!(stderr.contains(" tok/s · 8 tokens"), "{stderr:?}");
+}

@@ -174,7 +174,9 @@ async fn tokens_and_done(c: &spark_client::Client, req: GenerateRequest) -> (Vec
     let mut ids = Vec::new();
     while let Some(ev) = gen.next().await {
         match ev.expect("stream event") {
-            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::ToolCall(_)
+            | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => ids.push(t.token),
             GenerationEvent::Done(done) => return (ids, done),
         }
@@ -289,7 +291,9 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
     let (mut text, mut finish) = (String::new(), None);
     while let Some(ev) = json.next().await {
         match ev.expect("stream event") {
-            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::ToolCall(_)
+            | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => text.push_str(&t.text),
             GenerationEvent::Done(done) => finish = Some(done.finish_reason),
         }

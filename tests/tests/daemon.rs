@@ -22,7 +22,9 @@ async fn run_one(client: &spark_client::Client, req: GenerateRequest) -> Observe
     let mut tokens = 0;
     while let Some(ev) = gen.next().await {
         match ev.expect("stream event") {
-            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::ToolCall(_)
+            | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(_) => tokens += 1,
             GenerationEvent::Done(done) => {
                 return Observed {
@@ -136,7 +138,9 @@ async fn cancel_ends_with_done_and_frees_kv() {
     let mut seen = 0;
     let done = loop {
         match gen.next().await.expect("event").expect("ok") {
-            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::ToolCall(_)
+            | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(_) => {
                 seen += 1;
                 if seen == 3 {
@@ -364,7 +368,9 @@ async fn tokens_of(client: &spark_client::Client, req: GenerateRequest) -> Vec<u
     let mut ids = Vec::new();
     while let Some(ev) = gen.next().await {
         match ev.expect("stream event") {
-            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::ToolCall(_)
+            | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => ids.push(t.token),
             GenerationEvent::Done(_) => return ids,
         }

@@ -451,7 +451,9 @@ async fn greedy_tokens(d: &Daemon) -> Vec<u32> {
     let mut tokens = Vec::new();
     while let Some(event) = generation.next().await {
         match event.unwrap() {
-            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::ToolCall(_)
+            | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => tokens.push(t.token),
             GenerationEvent::Done(done) => {
                 assert_eq!(done.usage.completion_tokens as usize, tokens.len());

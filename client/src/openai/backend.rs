@@ -5,7 +5,7 @@ use futures::stream::BoxStream;
 
 use crate::protocol::{
     CacheReport, DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo,
-    OutputFormat, PrefillEvent, StatusReport, TokenEvent, ToolCallEvent,
+    OutputFormat, PrefillEvent, ReasoningEvent, StatusReport, TokenEvent, ToolCallEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -17,6 +17,9 @@ pub enum BackendEvent {
     Token(TokenEvent),
     /// A function call the model made (requests with tools only).
     ToolCall(ToolCallEvent),
+    /// A thinking model's reasoning, before the token that wrote it (daemons speaking
+    /// protocol 1.6 or later).
+    Reasoning(ReasoningEvent),
     /// Always the last event of a generation that was admitted.
     Done(DoneEvent),
 }

@@ -106,6 +106,7 @@ fn backend_event(event: GenerationEvent) -> BackendEvent {
         GenerationEvent::Prefilled(prefill) => BackendEvent::Prefilled(prefill),
         GenerationEvent::Token(token) => BackendEvent::Token(token),
         GenerationEvent::ToolCall(call) => BackendEvent::ToolCall(call),
+        GenerationEvent::Reasoning(reasoning) => BackendEvent::Reasoning(reasoning),
         GenerationEvent::Done(done) => BackendEvent::Done(done),
     }
 }

@@ -21,7 +21,7 @@ use super::response::{
     ChatLogprobs, ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta, TextChoice,
     TextCompletion, ToolCallDelta, Usage,
 };
-use crate::protocol::{DoneEvent, PrefillEvent, TokenEvent, ToolCallEvent};
+use crate::protocol::{DoneEvent, PrefillEvent, ReasoningEvent, TokenEvent, ToolCallEvent};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -106,6 +106,8 @@ pub async fn collect(
     metrics: &Metrics,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut reasoning = String::new();
+    let mut reasoning_tokens = 0u32;
     let mut calls = Vec::new();
     let mut chat_logprobs = ChatLogprobs::default();
     let mut completion_logprobs = CompletionLogprobs::default();
@@ -128,6 +130,11 @@ pub async fn collect(
             }
             // Only chat requests offer tools.
             Some(Ok(BackendEvent::ToolCall(call))) => calls.push(call.into()),
+            // Only chat requests are split (a completion's text is all one).
+            Some(Ok(BackendEvent::Reasoning(event))) => {
+                reasoning_tokens += 1;
+                reasoning.push_str(&event.text);
+            }
             Some(Ok(BackendEvent::Done(done))) => break done,
             Some(Err(err)) => return Err(err.into()),
             None => return Err(closed_early()),
@@ -136,7 +143,7 @@ pub async fn collect(
     metrics.record_done(&done, prefill.as_ref());
     let reason =
         chat_finish_reason(done.finish_reason, !calls.is_empty()).ok_or_else(engine_failed)?;
-    let usage = Usage::from_done(&done, prefill.as_ref());
+    let usage = Usage::from_done(&done, prefill.as_ref()).with_reasoning_tokens(reasoning_tokens);
     let body = match meta.endpoint {
         Endpoint::Chat => Json(ChatCompletion {
             id: meta.id,
@@ -145,7 +152,7 @@ pub async fn collect(
             model: meta.model,
             choices: vec![ChatChoice {
                 index: 0,
-                message: AssistantMessage::new(text, calls),
+                message: AssistantMessage::new(text, calls).with_reasoning(reasoning),
                 logprobs: meta.logprobs.then_some(chat_logprobs),
                 finish_reason: reason,
             }],
@@ -183,6 +190,7 @@ pub fn stream(
         chars: 0,
         prefill: None,
         made_calls: false,
+        reasoning_tokens: 0,
     };
     let body = stream::unfold(state, |mut state| async move {
         let batch = state.next_batch().await?;
@@ -215,6 +223,8 @@ struct StreamState {
     prefill: Option<PrefillEvent>,
     /// A tool call was sent: the finish reason is then `tool_calls`.
     made_calls: bool,
+    /// Tokens that wrote reasoning, for the final usage.
+    reasoning_tokens: u32,
 }
 
 impl StreamState {
@@ -240,6 +250,7 @@ impl StreamState {
             Some(Ok(BackendEvent::Prefilled(event))) => self.prefill = Some(event),
             Some(Ok(BackendEvent::Token(token))) => out.extend(self.token_event(&token)),
             Some(Ok(BackendEvent::ToolCall(call))) => self.tool_call_events(call, &mut out),
+            Some(Ok(BackendEvent::Reasoning(event))) => out.extend(self.reasoning_event(event)),
             Some(Ok(BackendEvent::Done(done))) => {
                 self.finished = true;
                 self.done_events(&done, &mut out);
@@ -291,6 +302,19 @@ impl StreamState {
         }
     }
 
+    /// A piece of reasoning as a chunk with `delta.reasoning_content`.
+    fn reasoning_event(&mut self, event: ReasoningEvent) -> Option<Event> {
+        self.reasoning_tokens += 1;
+        if self.meta.endpoint != Endpoint::Chat || event.text.is_empty() {
+            return None;
+        }
+        let delta = Delta {
+            reasoning_content: Some(event.text),
+            ..Delta::default()
+        };
+        Some(self.chat_event(delta, None, None))
+    }
+
     /// A call as two chunks: its id and name, then its arguments (see
     /// [`ToolCallDelta::pieces`]).
     fn tool_call_events(&mut self, call: ToolCallEvent, out: &mut Vec<Event>) {
@@ -323,7 +347,10 @@ impl StreamState {
             Endpoint::Completion => self.text_event(String::new(), None, Some(reason)),
         });
         if self.meta.include_usage {
-            let usage = ChunkUsage::Final(Usage::from_done(done, self.prefill.as_ref()));
+            let usage = ChunkUsage::Final(
+                Usage::from_done(done, self.prefill.as_ref())
+                    .with_reasoning_tokens(self.reasoning_tokens),
+            );
             out.push(match self.meta.endpoint {
                 Endpoint::Chat => json_event(&self.meta.chat_chunk(Vec::new(), usage)),
                 Endpoint::Completion => json_event(&self.meta.text_completion(Vec::new(), usage)),

@@ -27,11 +27,20 @@ pub struct Usage {
     /// than protocol 1.2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// OpenAI's own field: how many completion tokens were a thinking model's
+    /// reasoning. Left out when there was none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: u32,
 }
 
 impl Usage {
@@ -43,6 +52,7 @@ impl Usage {
             prompt_tokens_details: prefill.map(|p| PromptTokensDetails {
                 cached_tokens: p.cached_tokens,
             }),
+            completion_tokens_details: None,
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
@@ -58,6 +68,15 @@ impl Usage {
 }
 
 /// OpenAI's `finish_reason`; `None` means the generation failed (reported as an error).
+impl Usage {
+    /// With the count of completion tokens that were reasoning (none when 0).
+    pub fn with_reasoning_tokens(mut self, reasoning_tokens: u32) -> Self {
+        self.completion_tokens_details =
+            (reasoning_tokens > 0).then_some(CompletionTokensDetails { reasoning_tokens });
+        self
+    }
+}
+
 pub fn finish_reason(reason: FinishReason) -> Option<&'static str> {
     match reason {
         FinishReason::Stop => Some("stop"),
@@ -108,6 +127,10 @@ pub struct AssistantMessage {
     /// Left out when the model called nothing, as OpenAI does.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallOut>,
+    /// A thinking model's reasoning, apart from its answer (the field DeepSeek's API,
+    /// vLLM and llama.cpp's server use). Left out when there was none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl AssistantMessage {
@@ -122,7 +145,14 @@ impl AssistantMessage {
             content,
             refusal: None,
             tool_calls,
+            reasoning_content: None,
         }
+    }
+
+    /// With a thinking model's reasoning (none when empty).
+    pub fn with_reasoning(mut self, reasoning: String) -> Self {
+        self.reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
+        self
     }
 }
 
@@ -182,6 +212,9 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// A piece of a thinking model's reasoning (see [`AssistantMessage`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallDelta>,
 }

@@ -27,6 +27,9 @@ pub struct Submission {
     pub client: ClientInfo,
     pub request: GenerateRequest,
     pub format: OutputFormat,
+    /// The client takes a thinking model's reasoning apart from its answer
+    /// (`ServerMessage::Reasoning`, protocol 1.6): chat answers are split.
+    pub split_reasoning: bool,
     /// When the request's frame was decoded: the start of `queue_ms` and `ttft_ms`.
     pub arrived: Instant,
     /// Where this request's `Token`, `Error` and final `Done` go. The engine never

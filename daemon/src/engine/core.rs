@@ -703,6 +703,18 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
         text.push_str(&s.stop.push(&tail).text);
         text.push_str(&s.stop.finish());
     }
+    if let Some(splitter) = &mut s.reasoning {
+        let mut split = splitter.push(&text);
+        if s.finish.is_some() {
+            let last = splitter.finish();
+            split.reasoning.push_str(&last.reasoning);
+            split.content.push_str(&last.content);
+        }
+        if !split.reasoning.is_empty() {
+            s.send_reasoning(split.reasoning);
+        }
+        text = split.content;
+    }
     let event = TokenEvent {
         id: s.request_id,
         token,

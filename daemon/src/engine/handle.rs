@@ -17,6 +17,7 @@ use spark_client::protocol::{
 use crate::backend::{Backend, CpuBackend, DeviceReport};
 use crate::model::{Model, BLOCK_TOKENS};
 use crate::text::constraint::JsonConstraint;
+use crate::text::reasoning::{prompt_opens_thinking, ReasoningSplitter};
 use crate::text::schema::Schema;
 use crate::text::tools::watch::CallWatcher;
 use crate::text::tools::{CallMode, CallSyntax, ToolSet, CALL_OPEN};
@@ -110,6 +111,16 @@ pub struct EngineHandle {
     started: Instant,
     report: Arc<dyn DeviceReport>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A request's prompt, ready for the engine.
+pub struct Prompt {
+    pub tokens: Vec<u32>,
+    /// Rendered from chat messages (not a raw prompt).
+    pub chat: bool,
+    /// The chat template left the model inside its thinking (see
+    /// [`prompt_opens_thinking`]).
+    pub opens_thinking: bool,
 }
 
 fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
@@ -266,7 +277,7 @@ impl EngineHandle {
         &self,
         req: &GenerateRequest,
         tools: Option<&ToolSet>,
-    ) -> Result<Vec<u32>, ErrorEvent> {
+    ) -> Result<Prompt, ErrorEvent> {
         let id = req.id;
         let template = || {
             self.template.as_ref().ok_or_else(|| {
@@ -294,7 +305,7 @@ impl EngineHandle {
                 let text = template()?
                     .render_prompt(messages, &self.tokenizer)
                     .map_err(template_error)?;
-                Ok(self.tokenizer.encode(&text, true, true))
+                Ok(self.chat_prompt(&text))
             }
             PromptInput::ChatWithTools {
                 messages,
@@ -314,9 +325,21 @@ impl EngineHandle {
                     text.push_str(CALL_OPEN);
                     text.push('\n');
                 }
-                Ok(self.tokenizer.encode(&text, true, true))
+                Ok(self.chat_prompt(&text))
             }
-            PromptInput::Raw { text, special } => Ok(self.tokenizer.encode(text, true, *special)),
+            PromptInput::Raw { text, special } => Ok(Prompt {
+                tokens: self.tokenizer.encode(text, true, *special),
+                chat: false,
+                opens_thinking: false,
+            }),
+        }
+    }
+
+    fn chat_prompt(&self, text: &str) -> Prompt {
+        Prompt {
+            tokens: self.tokenizer.encode(text, true, true),
+            chat: true,
+            opens_thinking: prompt_opens_thinking(text),
         }
     }
 
@@ -393,7 +416,15 @@ impl EngineHandle {
             }
             _ => None,
         };
-        let tokens = self.prompt_tokens(req, tools.as_ref())?;
+        let prompt = self.prompt_tokens(req, tools.as_ref())?;
+        // A thinking model's reasoning is split from a chat's free answer: not from
+        // JSON output or a forced call, which are held to their syntax from the start.
+        let reasoning = (sub.split_reasoning
+            && prompt.chat
+            && json.is_none()
+            && tools.as_ref().is_none_or(|t| t.mode == CallMode::Auto))
+        .then(|| ReasoningSplitter::new(prompt.opens_thinking));
+        let tokens = prompt.tokens;
         if tokens.is_empty() {
             return Err(invalid(
                 id,
@@ -456,6 +487,7 @@ impl EngineHandle {
             stop: StopMatcher::new(&req.stop),
             json,
             tools: tools.map(CallWatcher::new),
+            reasoning,
             logprobs: req.logprobs,
             events: sub.events,
             timings: SeqTimings {

@@ -4,13 +4,14 @@
 use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
-    DoneEvent, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ServerMessage, Timings,
-    TokenEvent, ToolCall, ToolCallEvent, Usage,
+    DoneEvent, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ReasoningEvent, ServerMessage,
+    Timings, TokenEvent, ToolCall, ToolCallEvent, Usage,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::model::BlockTable;
 use crate::text::constraint::JsonConstraint;
+use crate::text::reasoning::ReasoningSplitter;
 use crate::text::tools::watch::CallWatcher;
 use crate::text::{Sampler, StopMatcher, StreamDecoder};
 
@@ -98,6 +99,8 @@ pub struct Sequence {
     /// A chat with tools: the calls in the answer, and the constraint of the one being
     /// written.
     pub tools: Option<CallWatcher>,
+    /// A chat answer whose reasoning goes apart (the client asked for it).
+    pub reasoning: Option<ReasoningSplitter>,
     pub logprobs: Option<u8>,
     pub events: UnboundedSender<ServerMessage>,
     pub timings: SeqTimings,
@@ -145,6 +148,17 @@ impl Sequence {
 
     pub fn in_prefill(&self) -> bool {
         self.n_cached < self.n_prompt
+    }
+
+    /// Sends a piece of reasoning; a closed channel means the client has gone.
+    pub fn send_reasoning(&mut self, text: String) {
+        let event = ReasoningEvent {
+            id: self.request_id,
+            text,
+        };
+        if self.events.send(ServerMessage::Reasoning(event)).is_err() && self.finish.is_none() {
+            self.finish = Some(FinishReason::Disconnected);
+        }
     }
 
     /// Sends a token event; a closed channel means the client has gone.

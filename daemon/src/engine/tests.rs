@@ -172,6 +172,7 @@ fn submit_request(
         conn: 1,
         client: ClientInfo::default(),
         request,
+        split_reasoning: true,
         arrived: Instant::now(),
         events: tx,
     })?;
@@ -642,6 +643,7 @@ fn a_schema_that_cannot_be_enforced_is_refused_before_anything_runs() {
             conn: 1,
             client: ClientInfo::default(),
             request,
+            split_reasoning: true,
             arrived: Instant::now(),
             events: tx,
         })
@@ -861,4 +863,89 @@ fn tool_requests_that_cannot_be_served_are_refused_with_the_reason() {
         with_json.message,
         "tools cannot be combined with JSON output"
     );
+}
+
+/// A template whose generation prompt opens the model's thinking, as DeepSeek-R1's and
+/// QwQ's do: the answer starts inside the reasoning.
+const THINKING_TEMPLATE: &str =
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: <think>\n";
+
+/// A seeded chat generation; its reasoning (the `Reasoning` events' text) and its
+/// tokens' text, checking that each `Reasoning` event comes right before a `Token`.
+fn chat_parts(engine: &EngineHandle, id: u64, split_reasoning: bool) -> (String, String) {
+    use spark_client::protocol::ChatMessage;
+    let request = GenerateRequest {
+        id,
+        model: None,
+        input: PromptInput::Chat {
+            messages: vec![ChatMessage::new("user", "Why is the sky blue?")],
+        },
+        sampling: SamplingParams {
+            temperature: 1.0,
+            seed: Some(11),
+            ..SamplingParams::default()
+        },
+        max_tokens: Some(24),
+        stop: Vec::new(),
+        logprobs: None,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    engine
+        .submit(Submission {
+            format: OutputFormat::Text,
+            conn: 1,
+            client: ClientInfo::default(),
+            request,
+            split_reasoning,
+            arrived: Instant::now(),
+            events: tx,
+        })
+        .expect("accepted");
+    let (mut reasoning, mut text, mut after_reasoning) = (String::new(), String::new(), false);
+    while let Some(msg) = rx.blocking_recv() {
+        match msg {
+            ServerMessage::Prefilled(_) => {}
+            ServerMessage::Reasoning(r) => {
+                assert!(!after_reasoning, "two Reasoning events without a Token");
+                after_reasoning = true;
+                reasoning.push_str(&r.text);
+            }
+            ServerMessage::Token(t) => {
+                after_reasoning = false;
+                text.push_str(&t.text);
+            }
+            ServerMessage::Done(done) => {
+                assert_eq!(done.usage.completion_tokens, 24);
+                assert!(!after_reasoning, "a Reasoning event without its Token");
+                return (reasoning, text);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    panic!("stream ended without Done");
+}
+
+#[test]
+fn reasoning_goes_apart_only_for_clients_that_split_it() {
+    let config = EngineConfig {
+        chat_template: Some(THINKING_TEMPLATE.into()),
+        ..EngineConfig::new("tiny")
+    };
+    let (thinking, _) = engine_with(config, 64, None);
+    // An old client gets everything as the tokens' text.
+    let (none, whole) = chat_parts(&thinking, 1, false);
+    assert!(none.is_empty() && !whole.is_empty(), "{whole:?}");
+    assert!(
+        !whole.contains("</think>"),
+        "the random model closed its thinking"
+    );
+    // The same tokens (same seed), split: the unclosed thinking is all reasoning.
+    let (reasoning, answer) = chat_parts(&thinking, 2, true);
+    assert_eq!((reasoning.as_str(), answer.as_str()), (whole.as_str(), ""));
+
+    // A prompt that leaves thinking to the model: nothing is reasoning unless the
+    // answer opens with `<think>`, which the random model does not write.
+    let (plain, _) = engine(true);
+    let (reasoning, answer) = chat_parts(&plain, 3, true);
+    assert!(reasoning.is_empty() && !answer.is_empty(), "{reasoning:?}");
 }

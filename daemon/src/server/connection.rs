@@ -369,6 +369,10 @@ impl Connection {
             client: self.client,
             request,
             format,
+            // Older clients could not decode a `Reasoning` event: their reasoning stays
+            // in the tokens' text.
+            split_reasoning: ServerMessage::Reasoning(Default::default()).since_minor()
+                <= self.peer_minor,
             arrived,
             events: self.events_tx.clone(),
         };

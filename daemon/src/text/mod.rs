@@ -7,6 +7,7 @@ mod error;
 mod fxhash;
 pub mod json;
 mod pretokenize;
+pub mod reasoning;
 pub mod sampler;
 pub mod schema;
 mod spec;

@@ -4,7 +4,10 @@
 use serde::Serialize;
 use spark_client::{
     kind_name,
-    protocol::{DoneEvent, JobRecord, PrefillEvent, Timings, TokenEvent, ToolCallEvent, Usage},
+    protocol::{
+        DoneEvent, JobRecord, PrefillEvent, ReasoningEvent, Timings, TokenEvent, ToolCallEvent,
+        Usage,
+    },
     ClientError,
 };
 
@@ -14,6 +17,11 @@ pub enum Event<'a> {
     Token {
         id: u64,
         token: u32,
+        text: &'a str,
+    },
+    /// A piece of a thinking model's reasoning, before the token that wrote it.
+    Reasoning {
+        id: u64,
         text: &'a str,
     },
     /// A function call the model made (`--tools`). `id` is the generation's, as in the
@@ -48,6 +56,13 @@ impl<'a> Event<'a> {
         Event::Token {
             id: event.id,
             token: event.token,
+            text: &event.text,
+        }
+    }
+
+    pub fn reasoning(event: &'a ReasoningEvent) -> Self {
+        Event::Reasoning {
+            id: event.id,
             text: &event.text,
         }
     }

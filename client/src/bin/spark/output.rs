@@ -57,6 +57,16 @@ pub fn dim_line(text: &str) {
     }
 }
 
+/// Streamed text on stderr, dimmed when stderr is a terminal (a thinking model's
+/// reasoning: stdout keeps only the answer), best effort.
+pub fn err_dim_text(text: &str) {
+    if stderr_is_tty() {
+        err_text(&format!("\x1b[2m{}\x1b[0m", terminal_safe(text)));
+    } else {
+        err_text(text);
+    }
+}
+
 /// Text on stderr without a newline (prompts, the spinner), best effort.
 pub fn err_text(text: &str) {
     let mut stderr = io::stderr().lock();

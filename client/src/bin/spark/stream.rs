@@ -43,6 +43,8 @@ pub async fn stream(
     let terminal = output::stdout_is_tty();
     // Text was shown since the last newline: what comes next needs a line of its own.
     let mut line_open = false;
+    // Reasoning went to stderr since the last newline there.
+    let mut reasoning_open = false;
     loop {
         let event = tokio::select! {
             event = generation.next() => event,
@@ -60,7 +62,21 @@ pub async fn stream(
         };
         match event {
             Some(Ok(GenerationEvent::Prefilled(prefill))) => outcome.prefill = Some(prefill),
+            Some(Ok(GenerationEvent::Reasoning(event))) => match mode {
+                Mode::Text => {
+                    output::err_dim_text(&event.text);
+                    if !event.text.is_empty() {
+                        reasoning_open = !event.text.ends_with('\n');
+                    }
+                }
+                Mode::Json => output::out_line(&json::line(&json::Event::reasoning(&event)))?,
+            },
             Some(Ok(GenerationEvent::Token(token))) => {
+                if reasoning_open && !token.text.is_empty() {
+                    // The answer starts on a line of its own after the reasoning.
+                    output::err_text("\n");
+                    reasoning_open = false;
+                }
                 match mode {
                     Mode::Text if terminal => output::out(&output::terminal_safe(&token.text))?,
                     Mode::Text => output::out(&token.text)?,
@@ -88,6 +104,9 @@ pub async fn stream(
                 outcome.calls.push(event.call);
             }
             Some(Ok(GenerationEvent::Done(done))) => {
+                if reasoning_open {
+                    output::err_text("\n");
+                }
                 match mode {
                     Mode::Text => end_line(line_open)?,
                     Mode::Json => output::out_line(&json::line(&json::Event::done(

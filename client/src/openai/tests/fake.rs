@@ -14,8 +14,8 @@ use crate::openai::{
 };
 use crate::protocol::{
     CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo,
-    OutputFormat, PrefillEvent, PromptInput, StatusReport, Timings, TokenEvent, TokenLogprobs,
-    ToolCall, ToolCallEvent, ToolChoice, ToolSpec, Usage,
+    OutputFormat, PrefillEvent, PromptInput, ReasoningEvent, StatusReport, Timings, TokenEvent,
+    TokenLogprobs, ToolCall, ToolCallEvent, ToolChoice, ToolSpec, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -40,7 +40,13 @@ pub enum Behaviour {
     Hang,
     /// Nothing at all (a long queue or prefill) until the stream is dropped.
     HangBeforeFirstToken,
+    /// A thinking model: `REASONING` (each piece a `Reasoning` event and an empty
+    /// `Token`), then the usual answer.
+    Think,
 }
+
+/// What a thinking fake reasons, token by token, before its answer.
+pub const REASONING: &[&str] = &["The user", " greets", "; greet back."];
 
 pub struct FakeBackend {
     behaviour: Mutex<Behaviour>,
@@ -190,6 +196,11 @@ impl Drop for DropGuard {
 
 impl FakeBackend {
     fn reply(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
+        self.reply_thinking(req, &[])
+    }
+
+    /// As `reply`, with `reasoning` before the answer (one token each).
+    fn reply_thinking(self: &Arc<Self>, req: &GenerateRequest, reasoning: &[&str]) -> EventStream {
         let id = req.id;
         let prompt = prompt_tokens(&req.input);
         let (says_text, calls) = planned_calls(&req.input);
@@ -205,7 +216,17 @@ impl FakeBackend {
         });
         // Calls come after the text, whole; a text cut short by max_tokens stands for a
         // later call cut short, so the answer still ends with `Length`.
+        let thinking = reasoning.iter().enumerate().flat_map(|(i, text)| {
+            [
+                Ok(BackendEvent::Reasoning(ReasoningEvent {
+                    id,
+                    text: text.to_string(),
+                })),
+                Ok(BackendEvent::Token(token(id, 1000 + i, "", None))),
+            ]
+        });
         let mut events: Vec<Result<BackendEvent, BackendError>> = std::iter::once(Ok(prefill))
+            .chain(thinking)
             .chain(
                 pieces[..limit]
                     .iter()
@@ -224,7 +245,7 @@ impl FakeBackend {
         } else {
             FinishReason::Stop
         };
-        let completion = (limit + calls.len()) as u32;
+        let completion = (reasoning.len() + limit + calls.len()) as u32;
         events.push(Ok(BackendEvent::Done(DoneEvent {
             id,
             finish_reason: finish,
@@ -346,6 +367,7 @@ impl Backend for SharedFake {
                 Behaviour::EngineErrorMidStream => fake.engine_error(&req),
                 Behaviour::Hang => fake.hang(&req, true),
                 Behaviour::HangBeforeFirstToken => fake.hang(&req, false),
+                Behaviour::Think => fake.reply_thinking(&req, REASONING),
             })
         })
     }

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use super::fake::{
-    cached_tokens, prompt_tokens, timings_for, Behaviour, TestServer, MODEL, PIECES,
+    cached_tokens, prompt_tokens, timings_for, Behaviour, TestServer, MODEL, PIECES, REASONING,
 };
 use super::{client, sse_chunks, sse_data};
 use crate::openai::RouterOptions;
@@ -416,5 +416,77 @@ async fn sampling_fields_reach_the_daemon() {
     assert_eq!(
         (req.stop, req.max_tokens),
         (vec!["END".to_string()], Some(3))
+    );
+}
+
+#[tokio::test]
+async fn a_thinking_models_reasoning_is_apart_from_its_answer() {
+    let server = TestServer::start(Behaviour::Think, RouterOptions::default()).await;
+    let (status, text) = post(&server, "/v1/chat/completions", chat_body("hi")).await;
+    assert_eq!(status, 200, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let message = &body["choices"][0]["message"];
+    assert_eq!(message["content"], full_text(), "{body}");
+    assert_eq!(message["reasoning_content"], REASONING.concat(), "{body}");
+    let usage = &body["usage"];
+    assert_eq!(
+        usage["completion_tokens"],
+        REASONING.len() + PIECES.len(),
+        "{usage}"
+    );
+    assert_eq!(
+        usage["completion_tokens_details"]["reasoning_tokens"],
+        REASONING.len(),
+        "{usage}"
+    );
+
+    // Streamed: the reasoning's chunks, then the answer's; the usage counts both.
+    let mut body = chat_body("hi");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (status, text) = post(&server, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{text}");
+    let chunks = sse_chunks(&text);
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0).map(|choice| &choice["delta"]))
+        .collect();
+    let field = |name: &str| -> String {
+        deltas
+            .iter()
+            .filter_map(|d| d[name].as_str())
+            .collect::<String>()
+    };
+    assert_eq!(field("reasoning_content"), REASONING.concat());
+    assert_eq!(field("content"), full_text());
+    let last_reasoning = deltas
+        .iter()
+        .rposition(|d| d.get("reasoning_content").is_some())
+        .unwrap();
+    let first_content = deltas
+        .iter()
+        .position(|d| d["content"].as_str().is_some_and(|c| !c.is_empty()))
+        .unwrap();
+    assert!(last_reasoning < first_content, "{deltas:?}");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(
+        usage["completion_tokens_details"]["reasoning_tokens"],
+        REASONING.len(),
+        "{usage}"
+    );
+
+    // Without reasoning, neither field appears.
+    server.fake.set(Behaviour::Reply);
+    let (_, text) = post(&server, "/v1/chat/completions", chat_body("hi")).await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        body["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{body}"
+    );
+    assert!(
+        body["usage"].get("completion_tokens_details").is_none(),
+        "{body}"
     );
 }

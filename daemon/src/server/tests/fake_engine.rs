@@ -165,6 +165,7 @@ impl Engine for FakeEngine {
             client,
             request,
             format,
+            split_reasoning: _,
             arrived,
             events,
         } = submission;

@@ -101,6 +101,8 @@ async fn one_stream(
         match event? {
             // The bench offers no tools.
             GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            // Each token's Reasoning event is followed by its Token event.
+            GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(_) => sample.token_arrived(now),
             GenerationEvent::Done(done) => {
                 sample.done_s = now;

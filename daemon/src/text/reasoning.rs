@@ -1,0 +1,233 @@
+//! Separates a reasoning model's thinking from its answer, as the text streams.
+//!
+//! Qwen 3, QwQ, DeepSeek-R1's distillations and SmolLM3 open their answer with
+//! `<think>` ... `</think>`; some templates end the prompt with `<think>` themselves, so
+//! the answer starts inside the thinking and only the closing tag is written. Reasoning
+//! is only recognised at the start of the answer (a `<think>` later on is answer text),
+//! the tags are dropped, and so is the whitespace between the closing tag and the
+//! answer. A generation that ends while still thinking was all reasoning.
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+/// One piece of text, split.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Split {
+    pub reasoning: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Before the answer's first text other than whitespace (held): `<think>` opens
+    /// the reasoning, anything else is the answer.
+    Start,
+    /// Inside the reasoning; `held` may begin the closing tag.
+    Thinking,
+    /// After the closing tag: whitespace before the answer is dropped.
+    AfterThinking,
+    /// The answer.
+    Answer,
+}
+
+/// One generation's splitter.
+#[derive(Debug)]
+pub struct ReasoningSplitter {
+    state: State,
+    held: String,
+}
+
+impl ReasoningSplitter {
+    /// `opened_by_prompt`: the prompt ends with `<think>` (see [`prompt_opens_thinking`]).
+    pub fn new(opened_by_prompt: bool) -> Self {
+        Self {
+            state: if opened_by_prompt {
+                State::Thinking
+            } else {
+                State::Start
+            },
+            held: String::new(),
+        }
+    }
+
+    /// Takes the next piece of generated text.
+    pub fn push(&mut self, text: &str) -> Split {
+        let mut out = Split::default();
+        let mut rest = text;
+        while !rest.is_empty() {
+            rest = match self.state {
+                State::Start => self.start(rest, &mut out),
+                State::Thinking => self.thinking(rest, &mut out),
+                State::AfterThinking => {
+                    let answer = rest.trim_start();
+                    if !answer.is_empty() {
+                        self.state = State::Answer;
+                    }
+                    answer
+                }
+                State::Answer => {
+                    out.content.push_str(rest);
+                    ""
+                }
+            };
+        }
+        out
+    }
+
+    /// The generation ended: what was held back, where it belongs.
+    pub fn finish(&mut self) -> Split {
+        let held = std::mem::take(&mut self.held);
+        match self.state {
+            State::Thinking => Split {
+                reasoning: held,
+                content: String::new(),
+            },
+            _ => Split {
+                reasoning: String::new(),
+                content: held,
+            },
+        }
+    }
+
+    fn start<'t>(&mut self, text: &'t str, out: &mut Split) -> &'t str {
+        // Whitespace before the tag is held: it belongs to neither part if the tag comes.
+        self.held.push_str(text);
+        let candidate = self.held.trim_start();
+        if let Some(after) = candidate.strip_prefix(OPEN) {
+            let after = after.to_string();
+            self.held.clear();
+            self.state = State::Thinking;
+            return continue_with(after, self, out);
+        }
+        if !OPEN.starts_with(candidate) {
+            // Not a tag: the held text is the answer's start.
+            self.state = State::Answer;
+            out.content.push_str(&std::mem::take(&mut self.held));
+        }
+        ""
+    }
+
+    fn thinking<'t>(&mut self, text: &'t str, out: &mut Split) -> &'t str {
+        self.held.push_str(text);
+        if let Some(at) = self.held.find(CLOSE) {
+            out.reasoning.push_str(&self.held[..at]);
+            let after = self.held[at + CLOSE.len()..].to_string();
+            self.held.clear();
+            self.state = State::AfterThinking;
+            return continue_with(after, self, out);
+        }
+        // Keep the longest tail that may begin the closing tag; the rest is reasoning.
+        let keep = (1..CLOSE.len().min(self.held.len() + 1))
+            .rev()
+            .find(|&n| {
+                self.held.is_char_boundary(self.held.len() - n)
+                    && CLOSE.starts_with(&self.held[self.held.len() - n..])
+            })
+            .unwrap_or(0);
+        let split = self.held.len() - keep;
+        out.reasoning.push_str(&self.held[..split]);
+        self.held.drain(..split);
+        ""
+    }
+}
+
+/// Splits `text`, the rest of a piece after a tag (cut from the held buffer), in the
+/// splitter's new state.
+fn continue_with<'t>(text: String, splitter: &mut ReasoningSplitter, out: &mut Split) -> &'t str {
+    if !text.is_empty() {
+        let more = splitter.push(&text);
+        out.reasoning.push_str(&more.reasoning);
+        out.content.push_str(&more.content);
+    }
+    ""
+}
+
+/// Whether a rendered prompt leaves the model inside its thinking (the template wrote
+/// `<think>` as the generation prompt's end, as DeepSeek-R1's and QwQ's do).
+pub fn prompt_opens_thinking(prompt: &str) -> bool {
+    prompt.trim_end().ends_with(OPEN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `text` in pieces of `step` characters; the reasoning and the answer.
+    fn run(opened: bool, text: &str, step: usize) -> (String, String) {
+        let mut s = ReasoningSplitter::new(opened);
+        let chars: Vec<char> = text.chars().collect();
+        let mut all = Split::default();
+        for piece in chars.chunks(step) {
+            let piece: String = piece.iter().collect();
+            let out = s.push(&piece);
+            all.reasoning.push_str(&out.reasoning);
+            all.content.push_str(&out.content);
+        }
+        let out = s.finish();
+        all.reasoning.push_str(&out.reasoning);
+        all.content.push_str(&out.content);
+        (all.reasoning, all.content)
+    }
+
+    #[test]
+    fn thinking_at_the_start_is_reasoning_at_any_split() {
+        let text = "<think>\nThe user wants 2+2. <b>4</b> < </thin no.\n</think>\n\nIt is 4.";
+        for step in 1..=12 {
+            let (reasoning, content) = run(false, text, step);
+            assert_eq!(
+                reasoning, "\nThe user wants 2+2. <b>4</b> < </thin no.\n",
+                "step {step}"
+            );
+            assert_eq!(content, "It is 4.", "step {step}");
+        }
+    }
+
+    #[test]
+    fn a_prompt_that_opened_the_thinking_needs_only_the_closing_tag() {
+        for step in 1..=9 {
+            let (reasoning, content) = run(true, "Let me see.\n</think>\n\nYes.", step);
+            assert_eq!(
+                (reasoning.as_str(), content.as_str()),
+                ("Let me see.\n", "Yes.")
+            );
+        }
+        assert!(prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
+        assert!(!prompt_opens_thinking("<|im_start|>assistant\n"));
+        assert!(!prompt_opens_thinking("<think>\n\n</think>\n\n"));
+    }
+
+    #[test]
+    fn answers_without_thinking_pass_through_whole() {
+        for text in ["Hello <think> there", "  <thi", "\n\nplain", "<", ""] {
+            for step in 1..=4 {
+                let (reasoning, content) = run(false, text, step);
+                assert_eq!(reasoning, "", "{text:?}");
+                assert_eq!(content, text, "{text:?} step {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn unfinished_thinking_is_all_reasoning() {
+        for step in 1..=5 {
+            let (reasoning, content) = run(false, "<think>still going </thi", step);
+            assert_eq!(
+                (reasoning.as_str(), content.as_str()),
+                ("still going </thi", "")
+            );
+        }
+        // An empty think block (Qwen 3 with thinking off writes one in the prompt, but
+        // a model may write it too).
+        let (reasoning, content) = run(false, "<think>\n\n</think>\n\nHi", 3);
+        assert_eq!((reasoning.as_str(), content.as_str()), ("\n\n", "Hi"));
+    }
+
+    #[test]
+    fn multibyte_text_is_never_cut_inside_a_character() {
+        let text = "<think>é😀</é</think>ü";
+        for step in 1..=4 {
+            let (reasoning, content) = run(false, text, step);
+            assert_eq!((reasoning.as_str(), content.as_str()), ("é😀</é", "ü"));
+        }
+    }
+}
