@@ -2,13 +2,16 @@
 //! Llama, Mistral, Gemma, Qwen, DeepSeek, Granite, Phi, GPT-OSS...), compiled and
 //! rendered the way the daemon renders a request: a plain question, a conversation with
 //! a system prompt, and a chat with tools and a tool result. What the caller wrote must
-//! reach the prompt. `scripts/fetch-template-corpus.sh` fetches the templates (they are
-//! the models' own and are not committed); without them the test says so and passes.
+//! reach the prompt; some templates must be read as a given tool syntax, and their
+//! prompts must open the model's thinking or not. `scripts/fetch-template-corpus.sh`
+//! fetches the templates (they are the models' own and are not committed); without
+//! them the test says so and passes.
 
 #[allow(dead_code)] // Only the corpus folder is needed here.
 mod support;
 
 use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
+use sparkd::text::reasoning::prompt_opens_thinking;
 use sparkd::text::tools::prompt::TemplateTools;
 use sparkd::text::tools::CallSyntax;
 use sparkd::text::ChatTemplate;
@@ -76,6 +79,18 @@ const CLASSIFIED: &[(&str, TemplateTools, bool)] = &[
         TemplateTools::Described,
         false,
     ),
+];
+/// Whether a template's generation prompt leaves the model inside its thinking, so
+/// that the answer's first tokens are reasoning (see `sparkd::text::reasoning`).
+const OPENS_THINKING: &[(&str, bool)] = &[
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", true),
+    ("Qwen3.5-4B.jinja", true),
+    ("NVIDIA-Nemotron-Nano-v2.jinja", true),
+    // Opens and closes it: `enable_thinking` is not set.
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", false),
+    // The model opens it itself.
+    ("Qwen-Qwen3-0.6B.jinja", false),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", false),
 ];
 const NATIVE_HERMES: TemplateTools = TemplateTools::Native(CallSyntax::Hermes);
 const NATIVE_LLAMA: TemplateTools = TemplateTools::Native(CallSyntax::LlamaJson);
@@ -218,6 +233,15 @@ fn every_real_template_renders_what_the_caller_wrote() {
                 )),
                 (Err(e), None) => failures.push(format!("{file} ({}): {e}", case.name)),
                 (Ok(text), None) => {
+                    let opens = OPENS_THINKING.iter().find(|(f, _)| *f == file);
+                    if let (Some((_, opens)), "one question") = (opens, case.name) {
+                        if prompt_opens_thinking(&text) != *opens {
+                            failures.push(format!(
+                                "{file}: the prompt should {}open the thinking:\n{text}",
+                                if *opens { "" } else { "not " }
+                            ));
+                        }
+                    }
                     for wanted in &case.must_hold {
                         if !text.contains(wanted) {
                             failures.push(format!(
