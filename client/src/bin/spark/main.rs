@@ -70,7 +70,7 @@ impl Global {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Generate from one prompt; text to stdout, one stats line to stderr
+    /// Generate from one prompt; the answer to stdout, reasoning and a stats line to stderr
     Run(run::Args),
     /// Chat interactively (Ctrl-C stops an answer, /clear starts over, Ctrl-D or /exit leaves)
     Chat(chat::Args),
