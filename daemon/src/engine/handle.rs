@@ -424,6 +424,7 @@ impl EngineHandle {
             && json.is_none()
             && tools.as_ref().is_none_or(|t| t.mode == CallMode::Auto))
         .then(|| ReasoningSplitter::new(prompt.opens_thinking));
+        let opens_thinking = prompt.opens_thinking;
         let tokens = prompt.tokens;
         if tokens.is_empty() {
             return Err(invalid(
@@ -486,7 +487,7 @@ impl EngineHandle {
             decoder: StreamDecoder::skipping_control(),
             stop: StopMatcher::new(&req.stop),
             json,
-            tools: tools.map(CallWatcher::new),
+            tools: tools.map(|t| CallWatcher::new(t, opens_thinking)),
             reasoning,
             logprobs: req.logprobs,
             events: sub.events,

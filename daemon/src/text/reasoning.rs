@@ -7,8 +7,11 @@
 //! the tags are dropped, and so is the whitespace between the closing tag and the
 //! answer. A generation that ends while still thinking was all reasoning.
 
-const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
+/// Opens a thinking block (also read by the tool-call watcher, which takes no calls
+/// inside one).
+pub const OPEN: &str = "<think>";
+/// Closes it.
+pub const CLOSE: &str = "</think>";
 
 /// One piece of text, split.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -6,11 +6,16 @@
 //! [`CallWatcher::constraint`] (the sampler masks with it), and its bytes are kept out
 //! of the text; when the object closes it becomes a [`ToolCall`]. The closing tag and
 //! the whitespace around it are dropped, then text (or another call) may follow.
+//!
+//! A thinking model's reasoning at the start of the answer (`<think>` ... `</think>`,
+//! or from the first byte when the prompt opened it) is text in which no call is taken:
+//! a tag the model mentions while thinking is not a call.
 
 use spark_client::protocol::ToolCall;
 
 use super::{CallMode, CallSyntax, ToolSet, CALL_CLOSE, CALL_OPEN};
 use crate::text::constraint::JsonConstraint;
+use crate::text::reasoning;
 
 /// What one token's bytes made of the answer.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -25,6 +30,12 @@ pub struct Watched {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// Before the answer's first bytes other than whitespace, which may open a thinking
+    /// block: whitespace and a beginning of `<think>` are held.
+    Leading,
+    /// Inside the answer's thinking block, `matched` bytes of its closing tag seen:
+    /// text, never a call.
+    Thinking { matched: usize },
     /// The Llama syntax, before the answer's first byte other than whitespace (held):
     /// `{` makes the answer a call, anything else text.
     Start,
@@ -54,10 +65,12 @@ pub struct CallWatcher {
 }
 
 impl CallWatcher {
-    pub fn new(tools: ToolSet) -> Self {
+    /// `opens_thinking`: the prompt ends inside the model's thinking (see
+    /// [`reasoning::prompt_opens_thinking`]).
+    pub fn new(tools: ToolSet, opens_thinking: bool) -> Self {
         let mut watcher = Self {
             tools,
-            state: State::Text,
+            state: State::Leading,
             held: Vec::new(),
             tag: Vec::new(),
             json: Vec::new(),
@@ -67,10 +80,18 @@ impl CallWatcher {
         if watcher.tools.mode == CallMode::Forced {
             // The prompt ends with the opening tag (the Llama syntax has none).
             watcher.open_call();
-        } else if watcher.tools.syntax == CallSyntax::LlamaJson {
-            watcher.state = State::Start;
+        } else if opens_thinking {
+            watcher.state = State::Thinking { matched: 0 };
         }
         watcher
+    }
+
+    /// Where the answer proper begins (after any thinking).
+    fn answer_state(&self) -> State {
+        match self.tools.syntax {
+            CallSyntax::LlamaJson => State::Start,
+            CallSyntax::Hermes => State::Text,
+        }
     }
 
     /// The constraint the next token must satisfy: set while a call is written.
@@ -114,6 +135,37 @@ impl CallWatcher {
     fn byte(&mut self, b: u8, out: &mut Watched) {
         match self.state {
             State::Ended => {}
+            State::Leading => {
+                self.held.push(b);
+                let open = reasoning::OPEN.as_bytes();
+                let rest = self.held.trim_ascii_start();
+                if rest == open {
+                    out.text.append(&mut self.held);
+                    self.state = State::Thinking { matched: 0 };
+                } else if !open.starts_with(rest) {
+                    // No thinking: the held bytes begin the answer.
+                    self.state = self.answer_state();
+                    for b in std::mem::take(&mut self.held) {
+                        self.byte(b, out);
+                    }
+                }
+            }
+            State::Thinking { matched } => {
+                out.text.push(b);
+                let close = reasoning::CLOSE.as_bytes();
+                self.state = if close[matched] == b && matched + 1 == close.len() {
+                    self.answer_state()
+                } else if close[matched] == b {
+                    State::Thinking {
+                        matched: matched + 1,
+                    }
+                } else {
+                    // The tag's only `<` is its first byte.
+                    State::Thinking {
+                        matched: usize::from(b == close[0]),
+                    }
+                };
+            }
             State::Start if b.is_ascii_whitespace() => self.held.push(b),
             State::Start if b == b'{' => {
                 self.tag = std::mem::take(&mut self.held);
@@ -286,7 +338,7 @@ mod tests {
     #[test]
     fn text_without_calls_passes_through_whole() {
         for step in [1, 3, 64] {
-            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
             let text = "a < b, <tool and <tool_cal> are not tags; x<";
             let (out, calls, end) = run(&mut w, text, step);
             assert_eq!(out, text);
@@ -298,7 +350,7 @@ mod tests {
     fn calls_are_taken_out_of_the_text_at_any_token_split() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
         for step in 1..=12 {
-            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
             let (out, calls, end) = run(&mut w, text, step);
             assert_eq!(out, "Let me check.\n", "step {step}");
             assert!(!end);
@@ -314,7 +366,7 @@ mod tests {
 
     #[test]
     fn the_constraint_holds_only_while_a_call_is_written() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
         assert!(w.is_free());
         w.push(b"Hi <tool_");
         assert!(w.is_free());
@@ -329,7 +381,7 @@ mod tests {
 
     #[test]
     fn a_forced_call_starts_at_once_and_ends_the_answer() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Required, true));
+        let mut w = CallWatcher::new(tools(ToolChoice::Required, true), false);
         assert!(!w.is_free(), "the prompt wrote the tag");
         let (out, calls, end) = run(
             &mut w,
@@ -343,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_call_that_is_cut_short_is_given_back_as_text() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
         let text = "<tool_call>\n{\"name\": \"get_weather\", \"argu";
         let (out, calls, _) = run(&mut w, text, 4);
         assert_eq!(out, text);
@@ -353,7 +405,7 @@ mod tests {
     #[test]
     fn a_tag_followed_by_what_no_call_begins_with_is_text() {
         // The rest of the tag's token is refused by the call schema: no call.
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
         let (out, calls, _) = run(&mut w, "<tool_call>oops, a tag", 64);
         assert_eq!(out, "<tool_call>oops, a tag");
         assert!(calls.is_empty());
@@ -363,7 +415,10 @@ mod tests {
     fn a_llama_answer_that_begins_with_a_brace_is_one_call() {
         let text = "\n {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}";
         for step in [1, 2, 5, 64] {
-            let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+            let mut w = CallWatcher::new(
+                tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
+                false,
+            );
             assert!(
                 w.is_free(),
                 "free until the first byte that is not whitespace"
@@ -379,13 +434,19 @@ mod tests {
 
     #[test]
     fn a_llama_answer_that_begins_otherwise_is_text_to_the_end() {
-        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
+            false,
+        );
         let text = "  It is {\"name\": \"get_time\", \"parameters\": {}} <tool_call>";
         let (out, calls, end) = run(&mut w, text, 3);
         assert_eq!(out, text);
         assert!(calls.is_empty() && !end);
         // Held to the call schema once it begins: `arguments` is not the Llama key.
-        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
+            false,
+        );
         w.push(b"{");
         let c = w.constraint().unwrap();
         assert!(c.accept(br#""name": "get_time", "#));
@@ -395,13 +456,19 @@ mod tests {
 
     #[test]
     fn a_forced_llama_call_is_held_from_the_first_token() {
-        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Required, true));
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::LlamaJson, ToolChoice::Required, true),
+            false,
+        );
         assert!(!w.is_free(), "no tag: the answer is the call");
         let (out, calls, end) = run(&mut w, "{\"name\": \"get_time\", \"parameters\": {}}", 4);
         assert!(end && out.is_empty());
         assert_eq!(calls.len(), 1);
         // Cut short: given back as the text it was.
-        let mut w = CallWatcher::new(tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true));
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
+            false,
+        );
         let text = " {\"name\": \"get_weather\", \"param";
         let (out, calls, _) = run(&mut w, text, 4);
         assert_eq!(out, text);
@@ -410,7 +477,7 @@ mod tests {
 
     #[test]
     fn calls_are_held_to_the_offered_tools() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true));
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
         w.push(b"<tool_call>");
         let c = w.constraint().unwrap();
         assert!(c.accept(br#"{"name": "get_"#));
@@ -419,5 +486,47 @@ mod tests {
         let mut missing_city = c.clone();
         assert!(missing_city.accept(br#"weather", "arguments": {"#));
         assert!(!missing_city.accept(b"}"), "city is required");
+    }
+
+    #[test]
+    fn no_call_is_taken_inside_the_answers_thinking() {
+        let call = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        let thinking = "<think>\nI could write <tool_call> here.\n</think>\n\n";
+        for step in 1..=9 {
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+            let (out, calls, _) = run(&mut w, &format!("  {thinking}{call}"), step);
+            assert_eq!(out, format!("  {thinking}"), "step {step}");
+            assert_eq!(calls.len(), 1, "step {step}");
+            assert_eq!(calls[0].name, "get_time");
+            // The prompt opened the thinking: only its closing tag is written.
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), true);
+            let text = format!("Mentioning <tool_call> {{\"name\": 1}}</think>{call}");
+            let (out, calls, _) = run(&mut w, &text, step);
+            assert_eq!(
+                out, "Mentioning <tool_call> {\"name\": 1}</think>",
+                "step {step}"
+            );
+            assert_eq!(calls.len(), 1, "step {step}");
+        }
+        // A Llama answer after thinking is a call when it begins with a brace.
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
+            false,
+        );
+        let text = "<think>{no}</think>\n{\"name\": \"get_time\", \"parameters\": {}}";
+        let (out, calls, end) = run(&mut w, text, 3);
+        // (The whitespace before a Llama call goes with the call, as without thinking.)
+        assert_eq!(out, "<think>{no}</think>");
+        assert!(end && calls.len() == 1);
+        // `<think>` later in the answer is nothing special.
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let (out, calls, _) = run(&mut w, &format!("Hi <think> {call}"), 4);
+        assert_eq!(out, "Hi <think> ");
+        assert_eq!(calls.len(), 1);
+        // Held bytes that turn out not to open a thinking block are not lost.
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let (out, calls, _) = run(&mut w, " <thin", 2);
+        assert_eq!(out, " <thin");
+        assert!(calls.is_empty());
     }
 }
