@@ -56,25 +56,23 @@ impl ReasoningSplitter {
     /// Takes the next piece of generated text.
     pub fn push(&mut self, text: &str) -> Split {
         let mut out = Split::default();
-        let mut rest = text;
-        while !rest.is_empty() {
-            rest = match self.state {
-                State::Start => self.start(rest, &mut out),
-                State::Thinking => self.thinking(rest, &mut out),
-                State::AfterThinking => {
-                    let answer = rest.trim_start();
-                    if !answer.is_empty() {
-                        self.state = State::Answer;
-                    }
-                    answer
-                }
-                State::Answer => {
-                    out.content.push_str(rest);
-                    ""
-                }
-            };
-        }
+        self.take(text, &mut out);
         out
+    }
+
+    fn take(&mut self, text: &str, out: &mut Split) {
+        match self.state {
+            State::Start => self.start(text, out),
+            State::Thinking => self.thinking(text, out),
+            State::AfterThinking => {
+                let answer = text.trim_start();
+                if !answer.is_empty() {
+                    self.state = State::Answer;
+                    out.content.push_str(answer);
+                }
+            }
+            State::Answer => out.content.push_str(text),
+        }
     }
 
     /// The generation ended: what was held back, where it belongs.
@@ -92,57 +90,45 @@ impl ReasoningSplitter {
         }
     }
 
-    fn start<'t>(&mut self, text: &'t str, out: &mut Split) -> &'t str {
+    fn start(&mut self, text: &str, out: &mut Split) {
         // Whitespace before the tag is held: it belongs to neither part if the tag comes.
         self.held.push_str(text);
-        let candidate = self.held.trim_start();
+        let candidate = self
+            .held
+            .trim_start_matches(|c: char| c.is_ascii_whitespace());
         if let Some(after) = candidate.strip_prefix(OPEN) {
             let after = after.to_string();
             self.held.clear();
             self.state = State::Thinking;
-            return continue_with(after, self, out);
-        }
-        if !OPEN.starts_with(candidate) {
+            self.take(&after, out);
+        } else if !OPEN.starts_with(candidate) {
             // Not a tag: the held text is the answer's start.
             self.state = State::Answer;
             out.content.push_str(&std::mem::take(&mut self.held));
         }
-        ""
     }
 
-    fn thinking<'t>(&mut self, text: &'t str, out: &mut Split) -> &'t str {
+    fn thinking(&mut self, text: &str, out: &mut Split) {
         self.held.push_str(text);
         if let Some(at) = self.held.find(CLOSE) {
             out.reasoning.push_str(&self.held[..at]);
             let after = self.held[at + CLOSE.len()..].to_string();
             self.held.clear();
             self.state = State::AfterThinking;
-            return continue_with(after, self, out);
+            self.take(&after, out);
+            return;
         }
         // Keep the longest tail that may begin the closing tag; the rest is reasoning.
-        let keep = (1..CLOSE.len().min(self.held.len() + 1))
+        let len = self.held.len();
+        let keep = (1..CLOSE.len().min(len + 1))
             .rev()
             .find(|&n| {
-                self.held.is_char_boundary(self.held.len() - n)
-                    && CLOSE.starts_with(&self.held[self.held.len() - n..])
+                self.held.is_char_boundary(len - n) && CLOSE.starts_with(&self.held[len - n..])
             })
             .unwrap_or(0);
-        let split = self.held.len() - keep;
-        out.reasoning.push_str(&self.held[..split]);
-        self.held.drain(..split);
-        ""
+        out.reasoning.push_str(&self.held[..len - keep]);
+        self.held.drain(..len - keep);
     }
-}
-
-/// Splits `text`, the rest of a piece after a tag (cut from the held buffer), in the
-/// splitter's new state.
-fn continue_with<'t>(text: String, splitter: &mut ReasoningSplitter, out: &mut Split) -> &'t str {
-    if !text.is_empty() {
-        let more = splitter.push(&text);
-        out.reasoning.push_str(&more.reasoning);
-        out.content.push_str(&more.content);
-    }
-    ""
 }
 
 /// Whether a rendered prompt leaves the model inside its thinking (the template wrote
