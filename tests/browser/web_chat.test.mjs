@@ -289,6 +289,47 @@ try {
     await page.screenshot({ path: path.join(OUT, 'web-stop.png'), fullPage: true });
   });
 
+  await check("a thinking model's reasoning shows apart, folded once the answer starts", async () => {
+    await page.getByRole('button', { name: 'New chat' }).click();
+    // A canned stream as the shim sends a thinking model's answer: reasoning chunks,
+    // then content, then usage (the synthetic model does not think).
+    const chunk = (delta, extra = {}) =>
+      `data: ${JSON.stringify({ id: 'chatcmpl-x', object: 'chat.completion.chunk', created: 0,
+        model: 'm', choices: [{ index: 0, delta, finish_reason: null }], usage: null, ...extra })}\n\n`;
+    const usage = {
+      prompt_tokens: 9, completion_tokens: 5, total_tokens: 14, ttft_ms: 20, generation_ms: 40,
+      decode_tps: 100, queue_ms: 0, prefill_ms: 10, decode_ms: 40, prefill_tps: 900,
+      completion_tokens_details: { reasoning_tokens: 3 },
+    };
+    const body = chunk({ role: 'assistant', content: '' })
+      + chunk({ reasoning_content: 'The user says hi.' })
+      + chunk({ reasoning_content: '\nGreet back.' })
+      + chunk({ content: 'Hello' }) + chunk({ content: ' there!' })
+      + `data: ${JSON.stringify({ id: 'chatcmpl-x', object: 'chat.completion.chunk', created: 0,
+        model: 'm', choices: [], usage })}\n\ndata: [DONE]\n\n`;
+    await page.route(`${BASE}/v1/chat/completions`, (route) =>
+      route.fulfill({ status: 200, contentType: 'text/event-stream; charset=utf-8', body }));
+    await page.getByLabel('Message').fill('hi');
+    await page.getByRole('button', { name: 'Send' }).click();
+    await answers.nth(0).locator('.stats').waitFor();
+    await page.unroute(`${BASE}/v1/chat/completions`);
+    assert(await answerText(0) === 'Hello there!', `answer "${await answerText(0)}"`);
+    const reasoning = answers.nth(0).locator('details.reasoning');
+    // Folded, it is not rendered: its text, not its innerText.
+    const thought = await reasoning.locator('.thought').evaluate((e) => e.textContent);
+    assert(thought === 'The user says hi.\nGreet back.', `reasoning "${thought}"`);
+    assert(!(await reasoning.evaluate((d) => d.open)), 'the reasoning is still open after the answer');
+    await reasoning.locator('summary').click();
+    assert(await reasoning.evaluate((d) => d.open), 'a click does not show the reasoning again');
+    await page.screenshot({ path: path.join(OUT, 'web-reasoning.png') });
+    // The next turn sends back the answer only.
+    await page.getByLabel('Message').fill('And then?');
+    await page.getByRole('button', { name: 'Send' }).click();
+    await answers.nth(1).locator('.stats').waitFor();
+    const sent = chatBodies[chatBodies.length - 1].messages;
+    assert(sent[sent.length - 2].content === 'Hello there!', `history sent: ${JSON.stringify(sent)}`);
+  });
+
   await check('a narrow screen gets one column without sideways scrolling', async () => {
     await page.setViewportSize({ width: 390, height: 844 });
     const overflow = await page.evaluate(

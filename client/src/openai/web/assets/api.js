@@ -67,11 +67,13 @@ export async function getJson(path) {
 }
 
 /**
- * Streams one chat completion. `onText(piece)` gets the answer as it is generated.
+ * Streams one chat completion. `onText(piece)` gets the answer as it is generated, and
+ * `onReasoning(piece)` a thinking model's reasoning (`delta.reasoning_content`), which
+ * comes before it.
  * Resolves to {usage, finishReason}; rejects with ApiError, or with an AbortError when
  * `signal` fires (closing the connection is what cancels the generation in the daemon).
  */
-export async function streamChat(body, signal, onText) {
+export async function streamChat(body, signal, onText, onReasoning = () => {}) {
   const response = await send('/v1/chat/completions', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
@@ -89,14 +91,14 @@ export async function streamChat(body, signal, onText) {
     const events = buffer.split(/\r?\n\r?\n/);
     buffer = events.pop();
     for (const event of events) {
-      if (handleEvent(event, result, onText)) return result;
+      if (handleEvent(event, result, onText, onReasoning)) return result;
     }
   }
   throw new ApiError(0, 'The answer ended early (the connection closed).');
 }
 
 /** Applies one SSE event; true at `[DONE]`. */
-function handleEvent(event, result, onText) {
+function handleEvent(event, result, onText, onReasoning) {
   const data = event
     .split(/\r?\n/)
     .filter((line) => line.startsWith('data:'))
@@ -113,6 +115,8 @@ function handleEvent(event, result, onText) {
   if (chunk.error) throw new ApiError(500, chunk.error.message || 'The generation failed.');
   if (chunk.usage) result.usage = chunk.usage;
   for (const choice of chunk.choices || []) {
+    const thought = choice.delta && choice.delta.reasoning_content;
+    if (thought) onReasoning(thought);
     const text = choice.delta && choice.delta.content;
     if (text) onText(text);
     if (choice.finish_reason) result.finishReason = choice.finish_reason;

@@ -74,10 +74,16 @@ export function setupChat({ modelName, onAuthNeeded, onFinished }) {
     setBusy(true);
     let received = '';
     try {
-      const { usage } = await streamChat(request, running.signal, (piece) => {
-        received += piece;
-        answer.append(piece);
-      });
+      // Only the answer goes back in the conversation: templates drop old reasoning.
+      const { usage } = await streamChat(
+        request,
+        running.signal,
+        (piece) => {
+          received += piece;
+          answer.append(piece);
+        },
+        (thought) => answer.think(thought),
+      );
       history.push({ role: 'user', content: text }, { role: 'assistant', content: received });
       answer.done(usage ? statsLine(usage) : 'No usage was reported.');
       status.textContent = '';
@@ -163,8 +169,27 @@ export function setupChat({ modelName, onAuthNeeded, onFinished }) {
     turn.querySelector('.text').append(text);
     const stats = document.createElement('p');
     stats.className = 'stats';
+    /** A thinking model's reasoning, shown above the answer while it streams. */
+    let reasoning = null;
     return {
+      think(piece) {
+        if (!reasoning) {
+          const details = document.createElement('details');
+          details.className = 'reasoning';
+          details.open = true;
+          const summary = document.createElement('summary');
+          summary.textContent = 'Reasoning';
+          const body = document.createElement('div');
+          body.className = 'thought';
+          details.append(summary, body);
+          withScroll(() => turn.querySelector('.text').before(details));
+          reasoning = { details, body };
+        }
+        withScroll(() => reasoning.body.append(piece));
+      },
       append(piece) {
+        // The answer has begun: the reasoning folds away (a click shows it again).
+        if (reasoning && reasoning.details.open && !text.length) reasoning.details.open = false;
         withScroll(() => text.appendData(piece));
       },
       done(line) {
