@@ -31,17 +31,6 @@ fn message(role: &str, content: &str) -> ToolChatMessage {
     ToolChatMessage::new(role, content)
 }
 
-fn weather_tool() -> ToolSpec {
-    ToolSpec {
-        name: "get_weather".into(),
-        description: "The weather in a city".into(),
-        parameters:
-            r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#
-                .into(),
-        strict: false,
-    }
-}
-
 /// How some templates must be read: the syntax their models write tool calls in, and
 /// whether they take a system message. Templates that wrap another syntax in
 /// `<tool_call>` tags (XML parameters, `<arg_key>`) get the tools described, so their
@@ -149,7 +138,7 @@ fn cases() -> Vec<Case> {
                 message("system", SYSTEM),
                 message("user", "Weather in Bergen?"),
             ],
-            tools: vec![weather_tool()],
+            tools: vec![support::weather_tool()],
             must_hold: vec![
                 SYSTEM,
                 "Weather in Bergen?",
@@ -166,7 +155,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "a call and its result",
             messages: vec![message("user", "Weather in Bergen?"), calling, result],
-            tools: vec![weather_tool()],
+            tools: vec![support::weather_tool()],
             must_hold: vec!["Weather in Bergen?", "get_weather", "Bergen", TOOL_RESULT],
         },
     ]

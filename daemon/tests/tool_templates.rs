@@ -10,7 +10,7 @@ use sparkd::gguf::GgufFile;
 use sparkd::text::tools::prompt::TemplateTools;
 use sparkd::text::tools::CallSyntax;
 use sparkd::text::ChatTemplate;
-use support::{load_tokenizer, model_path, test_vocab_path, DEFAULT_MODEL};
+use support::{load_tokenizer, model_path, test_vocab_path, weather_tool, DEFAULT_MODEL};
 
 fn conversation() -> (Vec<ToolChatMessage>, Vec<ToolSpec>) {
     let messages = vec![
@@ -30,14 +30,7 @@ fn conversation() -> (Vec<ToolChatMessage>, Vec<ToolSpec>) {
             ..ToolChatMessage::new("tool", "4 C, rain")
         },
     ];
-    let tools = vec![ToolSpec {
-        name: "get_weather".into(),
-        description: "The weather in a city".into(),
-        parameters:
-            r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#
-                .into(),
-        strict: false,
-    }];
+    let tools = vec![weather_tool()];
     (messages, tools)
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use spark_client::protocol::ToolSpec;
 use sparkd::gguf::GgufFile;
 use sparkd::text::{Tokenizer, TokenizerSpec};
 
@@ -62,4 +63,17 @@ pub fn template_corpus_dir() -> Option<PathBuf> {
         .into_iter()
         .flatten()
         .find(|d| d.join(".complete").is_file())
+}
+
+/// The tool the chat-template tests offer: `get_weather(city)`.
+#[allow(dead_code)] // Each test binary uses its own part of this module.
+pub fn weather_tool() -> ToolSpec {
+    ToolSpec {
+        name: "get_weather".into(),
+        description: "The weather in a city".into(),
+        parameters:
+            r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#
+                .into(),
+        strict: false,
+    }
 }
