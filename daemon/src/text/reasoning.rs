@@ -140,6 +140,63 @@ pub fn prompt_opens_thinking(prompt: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Pieces to glue into random answers: the tags, their beginnings, whitespace,
+    /// multibyte characters.
+    const FRAGMENTS: &[&str] = &[
+        "<think>", "</think>", "<", "</", "<th", "</thi", ">", " ", "\n", "a", "é", "😀", "think",
+    ];
+
+    /// The split of a whole answer, by the rules in the module's documentation.
+    fn reference(opened: bool, text: &str) -> (String, String) {
+        let thinking = if opened {
+            Some(text)
+        } else {
+            text.trim_start_matches(|c: char| c.is_ascii_whitespace())
+                .strip_prefix(OPEN)
+        };
+        match thinking {
+            None => (String::new(), text.to_string()),
+            Some(t) => match t.find(CLOSE) {
+                Some(at) => (
+                    t[..at].to_string(),
+                    t[at + CLOSE.len()..].trim_start().to_string(),
+                ),
+                None => (t.to_string(), String::new()),
+            },
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// However the answer is cut into tokens, the split is that of the whole answer.
+        #[test]
+        fn any_cut_splits_as_the_whole(
+            pieces in proptest::collection::vec(0..FRAGMENTS.len(), 0..16),
+            cuts in proptest::collection::vec(1usize..6, 0..16),
+            opened in any::<bool>(),
+        ) {
+            let text: String = pieces.iter().map(|&i| FRAGMENTS[i]).collect();
+            let chars: Vec<char> = text.chars().collect();
+            let mut s = ReasoningSplitter::new(opened);
+            let (mut reasoning, mut content) = (String::new(), String::new());
+            let (mut at, mut cut) = (0, cuts.iter().cycle());
+            while at < chars.len() {
+                let n = cut.next().copied().unwrap_or(chars.len());
+                let piece: String = chars[at..(at + n).min(chars.len())].iter().collect();
+                at += n;
+                let out = s.push(&piece);
+                reasoning.push_str(&out.reasoning);
+                content.push_str(&out.content);
+            }
+            let out = s.finish();
+            reasoning.push_str(&out.reasoning);
+            content.push_str(&out.content);
+            prop_assert_eq!((reasoning, content), reference(opened, &text), "{:?}", text);
+        }
+    }
 
     /// Feeds `text` in pieces of `step` characters; the reasoning and the answer.
     fn run(opened: bool, text: &str, step: usize) -> (String, String) {
