@@ -65,10 +65,7 @@ impl Usage {
             prefill_tps: t.prefill_tps,
         }
     }
-}
 
-/// OpenAI's `finish_reason`; `None` means the generation failed (reported as an error).
-impl Usage {
     /// With the count of completion tokens that were reasoning (none when 0).
     pub fn with_reasoning_tokens(mut self, reasoning_tokens: u32) -> Self {
         self.completion_tokens_details =
@@ -77,6 +74,7 @@ impl Usage {
     }
 }
 
+/// OpenAI's `finish_reason`; `None` means the generation failed (reported as an error).
 pub fn finish_reason(reason: FinishReason) -> Option<&'static str> {
     match reason {
         FinishReason::Stop => Some("stop"),
