@@ -130,9 +130,7 @@ impl Sequence {
             index,
             call,
         };
-        if self.events.send(ServerMessage::ToolCall(event)).is_err() && self.finish.is_none() {
-            self.finish = Some(FinishReason::Disconnected);
-        }
+        self.send(ServerMessage::ToolCall(event));
     }
 
     pub fn completion_tokens(&self) -> usize {
@@ -156,16 +154,12 @@ impl Sequence {
             id: self.request_id,
             text,
         };
-        if self.events.send(ServerMessage::Reasoning(event)).is_err() && self.finish.is_none() {
-            self.finish = Some(FinishReason::Disconnected);
-        }
+        self.send(ServerMessage::Reasoning(event));
     }
 
     /// Sends a token event; a closed channel means the client has gone.
     pub fn send_token(&mut self, event: TokenEvent) {
-        if self.events.send(ServerMessage::Token(event)).is_err() && self.finish.is_none() {
-            self.finish = Some(FinishReason::Disconnected);
-        }
+        self.send(ServerMessage::Token(event));
     }
 
     /// Tells the client how its prompt was read; sent once, before the first token.
@@ -175,7 +169,13 @@ impl Sequence {
             prompt_tokens: self.n_prompt as u32,
             cached_tokens: self.n_reused as u32,
         };
-        if self.events.send(ServerMessage::Prefilled(event)).is_err() && self.finish.is_none() {
+        self.send(ServerMessage::Prefilled(event));
+    }
+
+    /// Sends one event of the generation's stream. A closed channel means the client
+    /// has gone: the sequence ends as `Disconnected` unless it was already ending.
+    fn send(&mut self, message: ServerMessage) {
+        if self.events.send(message).is_err() && self.finish.is_none() {
             self.finish = Some(FinishReason::Disconnected);
         }
     }
