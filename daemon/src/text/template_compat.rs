@@ -97,12 +97,11 @@ fn is_iterable(value: &Value) -> bool {
 /// system message with no user message right after it is left for the template to
 /// refuse, so nothing the caller wrote is dropped.
 pub fn merge_system_messages(messages: &mut Vec<serde_json::Value>) {
-    let role = |m: &serde_json::Value| m.get("role").and_then(|r| r.as_str()).map(str::to_owned);
+    let is =
+        |m: &serde_json::Value, role: &str| m.get("role").and_then(|r| r.as_str()) == Some(role);
     let mut i = 0;
     while i + 1 < messages.len() {
-        if role(&messages[i]).as_deref() == Some("system")
-            && role(&messages[i + 1]).as_deref() == Some("user")
-        {
+        if is(&messages[i], "system") && is(&messages[i + 1], "user") {
             let system = messages.remove(i);
             let system = system.get("content").and_then(|c| c.as_str()).unwrap_or("");
             let user = &mut messages[i];
