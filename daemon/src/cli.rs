@@ -340,7 +340,7 @@ pub fn synth(args: SynthArgs) -> anyhow::Result<()> {
 }
 
 fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
-    const ALL: [GgmlType; 11] = [
+    const ALL: [GgmlType; 13] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -349,6 +349,8 @@ fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,

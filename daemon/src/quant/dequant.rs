@@ -69,6 +69,8 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
         GgmlType::Q8_0 => blocks.for_each(|(b, y)| q8_0(b, y)),
         // Q8_1's `s` is redundant for dequantization.
         GgmlType::Q8_1 => blocks.for_each(|(b, y)| q8_at(b, 4, y)),
+        GgmlType::Q2_K => blocks.for_each(|(b, y)| q2_k(b, y)),
+        GgmlType::Q3_K => blocks.for_each(|(b, y)| q3_k(b, y)),
         GgmlType::Q4_K => blocks.for_each(|(b, y)| q4_k(b, y)),
         GgmlType::Q5_K => blocks.for_each(|(b, y)| q5_k(b, y)),
         GgmlType::Q6_K => blocks.for_each(|(b, y)| q6_k(b, y)),
@@ -135,6 +137,58 @@ fn q8_at(b: &[u8], qs_off: usize, y: &mut [f32]) {
     let d = f16_at(b, 0);
     for (yj, &q) in y.iter_mut().zip(&b[qs_off..qs_off + QK]) {
         *yj = q as i8 as f32 * d;
+    }
+}
+
+/// The 2-bit level of element `i` of a Q2_K / Q3_K super-block from its `qs` bytes:
+/// halves of 128, each 32 bytes holding four elements 32 apart.
+#[inline]
+pub(crate) fn k_2bit_level(qs: &[u8], i: usize) -> u8 {
+    let (half, k) = (i / 128, i % 128);
+    (qs[32 * half + k % 32] >> (2 * (k / 32))) & 3
+}
+
+/// The signed 6-bit scale of sub-block `j` (of 16) of a Q3_K super-block, offset removed.
+#[inline]
+pub(crate) fn q3_k_scale(scales: &[u8], j: usize) -> i32 {
+    let low = if j < 8 {
+        scales[j] & 0xF
+    } else {
+        scales[j - 8] >> 4
+    };
+    let high = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+    (low | (high << 4)) as i32 - 32
+}
+
+fn q2_k(b: &[u8], y: &mut [f32]) {
+    let scales = &b[..QK_K / 16];
+    let qs = &b[QK_K / 16..QK_K / 16 + QK_K / 4];
+    let off = QK_K / 16 + QK_K / 4;
+    let (d, dmin) = (f16_at(b, off), f16_at(b, off + 2));
+    for (j, y) in y.chunks_exact_mut(16).enumerate() {
+        let dl = d * (scales[j] & 0xF) as f32;
+        let ml = dmin * (scales[j] >> 4) as f32;
+        for (l, v) in y.iter_mut().enumerate() {
+            *v = dl * k_2bit_level(qs, 16 * j + l) as f32 - ml;
+        }
+    }
+}
+
+fn q3_k(b: &[u8], y: &mut [f32]) {
+    let hmask = &b[..QK_K / 8];
+    let qs = &b[QK_K / 8..QK_K / 8 + QK_K / 4];
+    let sc_off = QK_K / 8 + QK_K / 4;
+    let scales = &b[sc_off..sc_off + K_SCALE_SIZE];
+    let d = f16_at(b, sc_off + K_SCALE_SIZE);
+    for (j, y) in y.chunks_exact_mut(16).enumerate() {
+        let dl = d * q3_k_scale(scales, j) as f32;
+        for (l, v) in y.iter_mut().enumerate() {
+            let i = 16 * j + l;
+            let high = (hmask[i % 32] >> (i / 32)) & 1;
+            // The third bit set means the level is not shifted down by 4.
+            let q = k_2bit_level(qs, i) as i32 - if high != 0 { 0 } else { 4 };
+            *v = dl * q as f32;
+        }
     }
 }
 

@@ -6,6 +6,7 @@ mod quantize_k;
 pub mod types;
 
 pub use dequant::dequantize;
+pub(crate) use dequant::{k_2bit_level, q3_k_scale};
 pub use quantize::quantize;
 pub use types::*;
 

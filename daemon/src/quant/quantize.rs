@@ -7,7 +7,9 @@
 use half::f16;
 
 use super::dequant::check_sizes;
-use super::quantize_k::{quantize_q4_k, quantize_q5_k, quantize_q6_k, quantize_q8_k};
+use super::quantize_k::{
+    quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k, quantize_q8_k,
+};
 use super::types::{GgmlType, QK};
 use super::QuantError;
 
@@ -29,6 +31,8 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         GgmlType::Q5_1 => blocks.for_each(|(x, b)| q5_1(x, b)),
         GgmlType::Q8_0 => blocks.for_each(|(x, b)| q8_0(x, b)),
         GgmlType::Q8_1 => blocks.for_each(|(x, b)| q8_1(x, b)),
+        GgmlType::Q2_K => blocks.for_each(|(x, b)| quantize_q2_k(x, b)),
+        GgmlType::Q3_K => blocks.for_each(|(x, b)| quantize_q3_k(x, b)),
         GgmlType::Q4_K => blocks.for_each(|(x, b)| quantize_q4_k(x, b)),
         GgmlType::Q5_K => blocks.for_each(|(x, b)| quantize_q5_k(x, b)),
         GgmlType::Q6_K => blocks.for_each(|(x, b)| quantize_q6_k(x, b)),

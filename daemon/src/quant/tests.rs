@@ -33,6 +33,8 @@ fn fixture(ty: GgmlType) -> Fixture {
         GgmlType::Q5_1 => fixture_bytes!("Q5_1"),
         GgmlType::Q8_0 => fixture_bytes!("Q8_0"),
         GgmlType::Q8_1 => fixture_bytes!("Q8_1"),
+        GgmlType::Q2_K => fixture_bytes!("Q2_K"),
+        GgmlType::Q3_K => fixture_bytes!("Q3_K"),
         GgmlType::Q4_K => fixture_bytes!("Q4_K"),
         GgmlType::Q5_K => fixture_bytes!("Q5_K"),
         GgmlType::Q6_K => fixture_bytes!("Q6_K"),
@@ -52,7 +54,7 @@ fn fixture(ty: GgmlType) -> Fixture {
     }
 }
 
-const ALL: [GgmlType; 13] = [
+const ALL: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -62,6 +64,8 @@ const ALL: [GgmlType; 13] = [
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::Q8_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
@@ -120,6 +124,8 @@ fn round_trip_error_is_within_format_precision() {
         (GgmlType::Q5_1, 0.035),
         (GgmlType::Q8_0, 0.005),
         (GgmlType::Q8_1, 0.005),
+        (GgmlType::Q2_K, 0.34),
+        (GgmlType::Q3_K, 0.25),
         (GgmlType::Q4_K, 0.11),
         (GgmlType::Q5_K, 0.05),
         (GgmlType::Q6_K, 0.02),

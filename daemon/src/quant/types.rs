@@ -18,6 +18,8 @@ pub enum GgmlType {
     Q5_1,
     Q8_0,
     Q8_1,
+    Q2_K,
+    Q3_K,
     Q4_K,
     Q5_K,
     Q6_K,
@@ -37,6 +39,8 @@ impl GgmlType {
             7 => Self::Q5_1,
             8 => Self::Q8_0,
             9 => Self::Q8_1,
+            10 => Self::Q2_K,
+            11 => Self::Q3_K,
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
@@ -56,6 +60,8 @@ impl GgmlType {
             Self::Q5_1 => 7,
             Self::Q8_0 => 8,
             Self::Q8_1 => 9,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
@@ -74,6 +80,8 @@ impl GgmlType {
             Self::Q5_1 => "Q5_1",
             Self::Q8_0 => "Q8_0",
             Self::Q8_1 => "Q8_1",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
@@ -87,7 +95,7 @@ impl GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => QK,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => QK_K,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => QK_K,
         }
     }
 
@@ -102,6 +110,8 @@ impl GgmlType {
             Self::Q5_1 => std::mem::size_of::<BlockQ5_1>(),
             Self::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
             Self::Q8_1 => std::mem::size_of::<BlockQ8_1>(),
+            Self::Q2_K => std::mem::size_of::<BlockQ2K>(),
+            Self::Q3_K => std::mem::size_of::<BlockQ3K>(),
             Self::Q4_K => std::mem::size_of::<BlockQ4K>(),
             Self::Q5_K => std::mem::size_of::<BlockQ5K>(),
             Self::Q6_K => std::mem::size_of::<BlockQ6K>(),
@@ -187,6 +197,30 @@ pub struct BlockQ8_1 {
     pub qs: [i8; QK],
 }
 
+/// 2-bit K-quant: 16 sub-blocks of 16, `x = d * sc * q - dmin * m` with 4-bit `sc` (low
+/// nibble of `scales[j]`) and `m` (high nibble). Element `i` of each 128-half is bits
+/// `2 * ((i % 128) / 32)` of byte `32 * half + i % 32` of `qs`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: f16,
+    pub dmin: f16,
+}
+
+/// 3-bit K-quant: 16 sub-blocks of 16, `x = d * (sc - 32) * (q - 4)` with 6-bit `sc`
+/// packed in `scales`; the low two bits of `q` sit as in Q2_K, the third bit of element
+/// `i` is bit `i / 32` of `hmask[i % 32]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; K_SCALE_SIZE],
+    pub d: f16,
+}
+
 /// 4-bit K-quant: 8 sub-blocks of 32 with 6-bit scales and mins packed in `scales`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -233,6 +267,8 @@ const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
+const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
+const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);

@@ -175,8 +175,10 @@ pub fn matmul<'w>(
             let acts = scratch.q8.quantize(pool, k, x, w.cols);
             run_tiles(pool, w, n, y, |t, j0, nr, out| tile(t, &acts, j0, nr, out));
         }
-        Q4_K | Q5_K | Q6_K => {
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => {
             let tile = match w.ty {
+                Q2_K => k.q2_k,
+                Q3_K => k.q3_k,
                 Q4_K => k.q4_k,
                 Q5_K => k.q5_k,
                 _ => k.q6_k,

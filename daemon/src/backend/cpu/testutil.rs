@@ -53,6 +53,8 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
         _ => &[],
     }
 }

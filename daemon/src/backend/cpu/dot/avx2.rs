@@ -29,6 +29,8 @@ pub(super) fn kernels() -> Option<Kernels> {
         q5_0: legacy::<Q5_0>,
         q5_1: legacy::<Q5_1>,
         q8_0: legacy::<Q8_0>,
+        q2_k: scalar::KERNELS.q2_k,
+        q3_k: scalar::KERNELS.q3_k,
         q4_k: k::q4_k,
         q5_k: k::q5_k,
         q6_k: k::q6_k,

@@ -271,6 +271,8 @@ pub(crate) struct Kernels {
     pub q5_0: LegacyTile,
     pub q5_1: LegacyTile,
     pub q8_0: LegacyTile,
+    pub q2_k: KTile,
+    pub q3_k: KTile,
     pub q4_k: KTile,
     pub q5_k: KTile,
     pub q6_k: KTile,

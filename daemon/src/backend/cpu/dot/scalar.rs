@@ -5,7 +5,7 @@
 use half::f16;
 
 use super::{F32Acts, Kernels, Out, Q8Acts, Q8KActs, WTile};
-use crate::quant::{GgmlType, K_SCALE_SIZE, QK, QK_K};
+use crate::quant::{k_2bit_level, q3_k_scale, GgmlType, K_SCALE_SIZE, QK, QK_K};
 
 pub(crate) const KERNELS: Kernels = Kernels {
     name: "scalar",
@@ -16,6 +16,8 @@ pub(crate) const KERNELS: Kernels = Kernels {
     q5_0: |w, a, j0, nr, out| legacy_tile(GgmlType::Q5_0, decode_q5_0, w, a, j0, nr, out),
     q5_1: |w, a, j0, nr, out| legacy_tile(GgmlType::Q5_1, decode_q5_1, w, a, j0, nr, out),
     q8_0: |w, a, j0, nr, out| legacy_tile(GgmlType::Q8_0, decode_q8_0, w, a, j0, nr, out),
+    q2_k: |w, a, j0, nr, out| k_tile(GgmlType::Q2_K, dot_q2_k, w, a, j0, nr, out),
+    q3_k: |w, a, j0, nr, out| k_tile(GgmlType::Q3_K, dot_q3_k, w, a, j0, nr, out),
     q4_k: |w, a, j0, nr, out| k_tile(GgmlType::Q4_K, dot_q4_k, w, a, j0, nr, out),
     q5_k: |w, a, j0, nr, out| k_tile(GgmlType::Q5_K, dot_q5_k, w, a, j0, nr, out),
     q6_k: |w, a, j0, nr, out| k_tile(GgmlType::Q6_K, dot_q6_k, w, a, j0, nr, out),
@@ -194,6 +196,43 @@ fn k_tile(ty: GgmlType, dot: KDot, w: &WTile, a: &Q8KActs, j0: usize, nr: usize,
             *o = acc;
         }
     }
+}
+
+/// Q2_K: `d * sum_s sc_s * dot(level, x) - dmin * sum_s m_s * bsum_s` over the 16
+/// sub-blocks, with 4-bit `sc_s` and `m_s` in the nibbles of `scales[s]`.
+fn dot_q2_k(blk: &[u8], qs: &[i8], d: f32, bsums: &[i16]) -> f32 {
+    let (scales, q) = blk.split_at(QK_K / 16);
+    let mut isum = 0i32;
+    let mut msum = 0i32;
+    for (s, (&sc, q16)) in scales.iter().zip(qs.chunks_exact(16)).enumerate() {
+        let dot: i32 = (0..16)
+            .map(|l| k_2bit_level(q, 16 * s + l) as i32 * q16[l] as i32)
+            .sum();
+        isum += (sc & 0xF) as i32 * dot;
+        msum += (sc >> 4) as i32 * bsums[s] as i32;
+    }
+    let off = QK_K / 16 + QK_K / 4;
+    d * f16_at(blk, off) * isum as f32 - d * f16_at(blk, off + 2) * msum as f32
+}
+
+/// Q3_K: `d * sum_s sc_s * dot(level - 4, x)` over the 16 sub-blocks, where the third
+/// bit of a level (from `hmask`) adds 4.
+fn dot_q3_k(blk: &[u8], qs: &[i8], d: f32, _bsums: &[i16]) -> f32 {
+    let hmask = &blk[..QK_K / 8];
+    let q = &blk[QK_K / 8..QK_K / 8 + QK_K / 4];
+    let scales = &blk[QK_K / 8 + QK_K / 4..QK_K / 8 + QK_K / 4 + K_SCALE_SIZE];
+    let mut isum = 0i32;
+    for (s, q16) in qs.chunks_exact(16).enumerate() {
+        let dot: i32 = (0..16)
+            .map(|l| {
+                let i = 16 * s + l;
+                let high = ((hmask[i % 32] >> (i / 32)) & 1) << 2;
+                ((k_2bit_level(q, i) | high) as i32 - 4) * q16[l] as i32
+            })
+            .sum();
+        isum += q3_k_scale(scales, s) * dot;
+    }
+    d * f16_at(blk, QK_K / 8 + QK_K / 4 + K_SCALE_SIZE) * isum as f32
 }
 
 /// Scales and mins of a Q4_K / Q5_K super-block (ggml's `get_scale_min_k4`).

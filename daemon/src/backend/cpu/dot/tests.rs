@@ -14,7 +14,13 @@ const LEGACY: [GgmlType; 5] = [
     GgmlType::Q5_1,
     GgmlType::Q8_0,
 ];
-const KQUANT: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const KQUANT: [GgmlType; 5] = [
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 const FLOAT: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 fn all_types() -> impl Iterator<Item = GgmlType> {
@@ -121,6 +127,8 @@ impl Case {
             GgmlType::Q5_0 => (k.q5_0)(&w, &q8, j0, nr, &mut out),
             GgmlType::Q5_1 => (k.q5_1)(&w, &q8, j0, nr, &mut out),
             GgmlType::Q8_0 => (k.q8_0)(&w, &q8, j0, nr, &mut out),
+            GgmlType::Q2_K => (k.q2_k)(&w, &q8k, j0, nr, &mut out),
+            GgmlType::Q3_K => (k.q3_k)(&w, &q8k, j0, nr, &mut out),
             GgmlType::Q4_K => (k.q4_k)(&w, &q8k, j0, nr, &mut out),
             GgmlType::Q5_K => (k.q5_k)(&w, &q8k, j0, nr, &mut out),
             GgmlType::Q6_K => (k.q6_k)(&w, &q8k, j0, nr, &mut out),

@@ -7,12 +7,14 @@ use crate::backend::cpu::testutil::{
 };
 use crate::backend::cpu::PackedMatrix;
 
-const TYPES: [GgmlType; 11] = [
+const TYPES: [GgmlType; 13] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
@@ -23,7 +25,7 @@ const TYPES: [GgmlType; 11] = [
 
 fn cols_for(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 512,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 512,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 72,
         _ => 160,
     }
@@ -84,9 +86,11 @@ fn matmul_matches_a_float_reference() {
                 let scale: f32 = wr.iter().zip(xi).map(|(a, b)| (a * b).abs()).sum();
                 let tol = match ty {
                     GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5 * scale,
-                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                        1e-5 * scale + act_quant_bound(wr, xi, 256)
-                    }
+                    GgmlType::Q2_K
+                    | GgmlType::Q3_K
+                    | GgmlType::Q4_K
+                    | GgmlType::Q5_K
+                    | GgmlType::Q6_K => 1e-5 * scale + act_quant_bound(wr, xi, 256),
                     _ => 1e-5 * scale + act_quant_bound(wr, xi, 32),
                 };
                 let got = y[i * rows + r];
