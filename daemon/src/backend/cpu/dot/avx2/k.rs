@@ -1,4 +1,4 @@
-//! AVX2 kernels for the K-quant super-blocks (Q4_K, Q5_K, Q6_K) against Q8K activations.
+//! AVX2 kernels for the K-quant super-blocks (Q2_K .. Q6_K) against Q8K activations.
 //!
 //! One weight row at a time: each 64-element chunk is unpacked once and multiplied with
 //! every activation row of the tile. Integer sums are exact and the per-super-block
@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 use super::super::{scalar, Out, Q8KActs, WTile, NR};
 use super::hsum_epi32;
-use crate::quant::{K_SCALE_SIZE, QK_K};
+use crate::quant::{q3_k_scale, K_SCALE_SIZE, QK_K};
 
 /// Raw pointers to activation row `j0` of a tile (rows are `cols`, `nsb` and `16 * nsb`
 /// apart in the three buffers).
@@ -24,13 +24,25 @@ struct KArgs {
 const Q4K: u8 = 0;
 const Q5K: u8 = 1;
 const Q6K: u8 = 2;
+const Q2K: u8 = 3;
+const Q3K: u8 = 4;
 
 const fn bb(t: u8) -> usize {
     match t {
+        Q2K => 84,
+        Q3K => 110,
         Q4K => 144,
         Q5K => 176,
         _ => 210,
     }
+}
+
+pub(super) fn q2_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile::<Q2K>(w, a, j0, nr, out)
+}
+
+pub(super) fn q3_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile::<Q3K>(w, a, j0, nr, out)
 }
 
 pub(super) fn q4_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
@@ -87,8 +99,16 @@ unsafe fn row_kernel<const T: u8, const N: usize>(row: &[u8], a: &KArgs, out: &m
     for (i, blk) in row.chunks_exact(bb(T)).enumerate().take(a.nsb) {
         let mut sumi = [_mm256_setzero_si256(); N];
         let x = |j: usize, off: usize| a.qs.wrapping_add(j * a.cols + i * QK_K + off);
+        // Q3_K's sub-block scales, signed: its sums need them again below.
+        let q3_scales: [i32; 16] = if T == Q3K {
+            let sc = &blk[QK_K / 8 + QK_K / 4..QK_K / 8 + QK_K / 4 + K_SCALE_SIZE];
+            std::array::from_fn(|s| q3_k_scale(sc, s))
+        } else {
+            [0; 16]
+        };
         match T {
             Q6K => q6k_block(blk, &mut sumi, x),
+            Q2K | Q3K => k2_block::<T, N>(blk, &q3_scales, &mut sumi, x),
             _ => k4_block::<T, N>(blk, &mut sumi, x),
         }
         for j in 0..N {
@@ -99,6 +119,23 @@ unsafe fn row_kernel<const T: u8, const N: usize>(row: &[u8], a: &KArgs, out: &m
             };
             let isum = hsum_epi32(sumi[j]);
             acc[j] += match T {
+                Q2K => {
+                    let msum: i32 = blk[..16]
+                        .iter()
+                        .zip(bsums)
+                        .map(|(&sc, &b)| (sc >> 4) as i32 * b as i32)
+                        .sum();
+                    dx * f16_at(blk, 80) * isum as f32 - dx * f16_at(blk, 82) * msum as f32
+                }
+                Q3K => {
+                    // The levels were summed without their -4 offset.
+                    let offs: i32 = q3_scales
+                        .iter()
+                        .zip(bsums)
+                        .map(|(&s, &b)| s * b as i32)
+                        .sum();
+                    dx * f16_at(blk, 108) * (isum - 4 * offs) as f32
+                }
                 Q6K => {
                     let sc = &blk[QK_K / 2 + QK_K / 4..QK_K / 2 + QK_K / 4 + 16];
                     let offs: i32 = sc
@@ -168,6 +205,59 @@ fn k4_block<const T: u8, const N: usize>(
             let pl = _mm256_madd_epi16(s_lo, _mm256_maddubs_epi16(lo, xl));
             let ph = _mm256_madd_epi16(s_hi, _mm256_maddubs_epi16(hi, xh));
             *s = _mm256_add_epi32(*s, _mm256_add_epi32(pl, ph));
+        }
+    }
+}
+
+/// Adds `sum_s scale_s * dot(level, x)` of one Q2_K super-block (levels 0..3, scales
+/// from the low nibbles) or Q3_K super-block (levels 0..7 before the -4 offset, signed
+/// scales `q3_scales`) to `sumi[j]`. Both store the low two bits of element
+/// `128h + 32k + l` in bits `2k` of byte `32h + l`; Q3_K's third bit is bit `4h + k` of
+/// `hmask[l]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn k2_block<const T: u8, const N: usize>(
+    blk: &[u8],
+    q3_scales: &[i32; 16],
+    sumi: &mut [__m256i; N],
+    x: impl Fn(usize, usize) -> *const i8,
+) {
+    let qs_off = if T == Q3K { QK_K / 8 } else { QK_K / 16 };
+    assert!(blk.len() >= qs_off + QK_K / 4);
+    let m3 = _mm256_set1_epi8(3);
+    let hmask = if T == Q3K {
+        // SAFETY: a Q3_K block starts with its 32-byte `hmask` (asserted via its length).
+        unsafe { _mm256_loadu_si256(blk.as_ptr().cast()) }
+    } else {
+        _mm256_setzero_si256()
+    };
+    let scale = |s: usize| -> i16 {
+        if T == Q3K {
+            q3_scales[s] as i16
+        } else {
+            (blk[s] & 0xF) as i16
+        }
+    };
+    for h in 0..2 {
+        // SAFETY: half h of the quants lies within `blk` (asserted above).
+        let bits = unsafe { _mm256_loadu_si256(blk.as_ptr().add(qs_off + 32 * h).cast()) };
+        for k in 0..4 {
+            let mut q =
+                _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k as i32)), m3);
+            if T == Q3K {
+                let m = _mm256_set1_epi8((1u8 << (4 * h + k)) as i8);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, m), m);
+                q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(4)));
+            }
+            // Quarter k of half h covers sub-blocks 8h + 2k (elements 0..16) and 8h + 2k + 1.
+            let s = 8 * h + 2 * k;
+            let scales = _mm256_set_m128i(_mm_set1_epi16(scale(s + 1)), _mm_set1_epi16(scale(s)));
+            for (j, acc) in sumi.iter_mut().enumerate() {
+                // SAFETY: `x` points at 32 in-bounds activations of row j.
+                let xv = unsafe { _mm256_loadu_si256(x(j, 128 * h + 32 * k).cast()) };
+                let p = _mm256_madd_epi16(scales, _mm256_maddubs_epi16(q, xv));
+                *acc = _mm256_add_epi32(*acc, p);
+            }
         }
     }
 }
