@@ -1,6 +1,7 @@
-//! NEON kernels: every weight type and the activation quantizers (K-quants in `k.rs`),
-//! in two tables: `neon` for baseline AArch64 and `neon-dotprod` for cores with the
-//! dot-product extension (`sdot`: Grace's Neoverse V2 and every Armv8.4+ core).
+//! NEON kernels: every weight type and the activation quantizers (K-quants in `k.rs`,
+//! Q2_K and Q3_K in `k2.rs`), in two tables: `neon` for baseline AArch64 and
+//! `neon-dotprod` for cores with the dot-product extension (`sdot`: Grace's Neoverse V2
+//! and every Armv8.4+ core).
 //!
 //! Legacy blocks are decoded to signed 8-bit levels (`x = d * q + m`) and multiplied with
 //! the activations into four exact 32-bit lanes (`IntDot`: `smull`/`smlal` and pairwise
@@ -13,6 +14,7 @@ use super::{scalar, F32Acts, Kernels, Out, Q8Acts, WTile};
 use crate::quant::{QK, QK_K};
 
 mod k;
+mod k2;
 
 pub(super) fn kernels() -> Option<Kernels> {
     if !std::arch::is_aarch64_feature_detected!("neon") {
@@ -30,6 +32,8 @@ pub(super) fn kernels() -> Option<Kernels> {
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
+        q2_k: k2::kquant::<{ k2::Q2K }>,
+        q3_k: k2::kquant::<{ k2::Q3K }>,
         q4_k: k::kquant::<{ k::Q4K }>,
         q5_k: k::kquant::<{ k::Q5K }>,
         q6_k: k::kquant::<{ k::Q6K }>,
@@ -49,6 +53,8 @@ pub(super) fn kernels_dotprod() -> Option<Kernels> {
         q5_0: legacy_sdot::<Q5_0>,
         q5_1: legacy_sdot::<Q5_1>,
         q8_0: legacy_sdot::<Q8_0>,
+        q2_k: k2::kquant_sdot::<{ k2::Q2K }>,
+        q3_k: k2::kquant_sdot::<{ k2::Q3K }>,
         q4_k: k::kquant_sdot::<{ k::Q4K }>,
         q5_k: k::kquant_sdot::<{ k::Q5K }>,
         q6_k: k::kquant_sdot::<{ k::Q6K }>,

@@ -79,21 +79,21 @@ fn tile_with<D: IntDot, const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usiz
 }
 
 #[inline]
-fn f16_at(b: &[u8], off: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], off: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
 }
 
 /// Exact dot product of 16 levels (|level| <= 64) with 16 activations, in 4 lanes.
 #[target_feature(enable = "neon")]
 #[inline]
-fn dot16<D: IntDot>(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+pub(super) fn dot16<D: IntDot>(w: int8x16_t, x: int8x16_t) -> int32x4_t {
     D::dot_acc(vdupq_n_s32(0), w, x)
 }
 
 /// 16 bytes at `off` of `b`.
 #[target_feature(enable = "neon")]
 #[inline]
-fn load16(b: &[u8], off: usize) -> uint8x16_t {
+pub(super) fn load16(b: &[u8], off: usize) -> uint8x16_t {
     let s = &b[off..off + 16];
     // SAFETY: 16 bytes, bounds-checked by the slice above.
     unsafe { vld1q_u8(s.as_ptr()) }
@@ -101,7 +101,7 @@ fn load16(b: &[u8], off: usize) -> uint8x16_t {
 
 #[target_feature(enable = "neon")]
 #[inline]
-fn load16_s(x: &[i8], off: usize) -> int8x16_t {
+pub(super) fn load16_s(x: &[i8], off: usize) -> int8x16_t {
     let s = &x[off..off + 16];
     // SAFETY: 16 bytes, bounds-checked by the slice above.
     unsafe { vld1q_s8(s.as_ptr()) }
