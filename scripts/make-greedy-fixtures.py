@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
-"""Regenerates daemon/tests/fixtures/greedy_smollm2.json from llama.cpp.
+"""Regenerates a greedy-parity fixture (daemon/tests/fixtures/greedy_*.json) from llama.cpp.
 
-Start the reference first (built by ../shared/tools/build-llama-cpp.sh):
+Start the reference first (built by ../shared/tools/build-llama-cpp.sh), on the model the
+fixture is for:
     llama-server -m ~/.local/share/sparkd/models/smollm2-135m-instruct.gguf --port 8089 --host 127.0.0.1 \
         -fa off -ctk f32 -ctv f32
 Full-precision attention and KV cache (sparkd keeps K/V in f32): with its defaults
 (flash attention, f16 K/V) llama.cpp itself drifts by ~0.05 nats, enough to flip near-ties.
-Then run this script from the repository root.
+Then run this script from the repository root:
+    scripts/make-greedy-fixtures.py                      # greedy_smollm2.json, the default model
+    MODEL=target/tmp/smollm2-135m-ffn-q2k-q3k.gguf NAME=smollm2-135m-ffn-q2k-q3k \
+        OUT=daemon/tests/fixtures/greedy_smollm2_q2k_q3k.json scripts/make-greedy-fixtures.py
+(the second model is the default one with its ffn_down matrices requantized to Q2_K and
+Q3_K; `cargo test -p sparkd --test greedy_parity` writes it there).
 """
+import hashlib
+import os
 import json
 import urllib.request
 
@@ -45,10 +53,13 @@ for kind, p in prompts:
     top2 = [[[t["id"], round(t["logprob"], 4)] for t in step["top_logprobs"] if t["id"] not in MASKED][:2]
             for step in out["completion_probabilities"]]
     cases.append({"kind": kind, "prompt_ids": toks, "expected_ids": out["tokens"], "top2": top2})
-json.dump({"model": "smollm2-135m-instruct",
-           "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+MODEL = os.path.expanduser(os.environ.get("MODEL", "~/.local/share/sparkd/models/smollm2-135m-instruct.gguf"))
+with open(MODEL, "rb") as f:
+    sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+json.dump({"model": os.environ.get("NAME", "smollm2-135m-instruct"),
+           "sha256": sha256,
            "source": "llama.cpp llama-server (llama-cpp-python 0.3.36 vendor), /completion (-fa off -ctk f32 -ctv f32) temperature 0, "
                      "top_k 1, ignore_eos, 32 tokens",
            "masked_ids": MASKED,
            "cases": cases},
-          open("daemon/tests/fixtures/greedy_smollm2.json", "w"), indent=1)
+          open(os.environ.get("OUT", "daemon/tests/fixtures/greedy_smollm2.json"), "w"), indent=1)
