@@ -23,6 +23,8 @@
 #define W_Q5_0 6
 #define W_Q5_1 7
 #define W_Q8_0 8
+#define W_Q2_K 10
+#define W_Q3_K 11
 #define W_Q4_K 12
 #define W_Q5_K 13
 #define W_Q6_K 14
@@ -33,6 +35,8 @@ struct block_q4_1 { u16 d; u16 m; u8 qs[16]; };
 struct block_q5_0 { u16 d; u8 qh[4]; u8 qs[16]; };
 struct block_q5_1 { u16 d; u16 m; u8 qh[4]; u8 qs[16]; };
 struct block_q8_0 { u16 d; i8 qs[32]; };
+struct block_q2_k { u8 scales[16]; u8 qs[64]; u16 d; u16 dmin; };
+struct block_q3_k { u8 hmask[32]; u8 qs[64]; u8 scales[12]; u16 d; };
 struct block_q4_k { u16 d; u16 dmin; u8 scales[12]; u8 qs[128]; };
 struct block_q5_k { u16 d; u16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; };
 struct block_q6_k { u8 ql[128]; u8 qh[64]; i8 scales[16]; u16 d; };
@@ -42,6 +46,8 @@ static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
 static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
 static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
 static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
+static_assert(sizeof(block_q2_k) == 84, "Q2_K block is 84 bytes");
+static_assert(sizeof(block_q3_k) == 110, "Q3_K block is 110 bytes");
 static_assert(sizeof(block_q4_k) == 144, "Q4_K block is 144 bytes");
 static_assert(sizeof(block_q5_k) == 176, "Q5_K block is 176 bytes");
 static_assert(sizeof(block_q6_k) == 210, "Q6_K block is 210 bytes");
@@ -56,6 +62,8 @@ template <> struct WTraits<W_Q4_1> { static constexpr int ELEMS = 32, BYTES = 20
 template <> struct WTraits<W_Q5_0> { static constexpr int ELEMS = 32, BYTES = 22; };
 template <> struct WTraits<W_Q5_1> { static constexpr int ELEMS = 32, BYTES = 24; };
 template <> struct WTraits<W_Q8_0> { static constexpr int ELEMS = 32, BYTES = 34; };
+template <> struct WTraits<W_Q2_K> { static constexpr int ELEMS = 256, BYTES = 84; };
+template <> struct WTraits<W_Q3_K> { static constexpr int ELEMS = 256, BYTES = 110; };
 template <> struct WTraits<W_Q4_K> { static constexpr int ELEMS = 256, BYTES = 144; };
 template <> struct WTraits<W_Q5_K> { static constexpr int ELEMS = 256, BYTES = 176; };
 template <> struct WTraits<W_Q6_K> { static constexpr int ELEMS = 256, BYTES = 210; };
@@ -86,7 +94,7 @@ static __device__ __forceinline__ void prefetch_rows_l2(const u8* w, const u8* w
     if (w2 != nullptr) prefetch_weights_l2(w2 + (u64)row0 * rb, (u64)n * rb);
 }
 
-// Four bytes at a 2-byte aligned address (blocks of 18, 22, 34 or 210 bytes are only
+// Four bytes at a 2-byte aligned address (blocks of 18, 22, 34, 110 or 210 bytes are only
 // 2-byte aligned, so a 32-bit load is not allowed).
 static __device__ __forceinline__ u32 ld4_a2(const u8* p) {
     const u16* h = (const u16*)p;
@@ -102,6 +110,14 @@ static __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc,
         sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+// The signed 6-bit scale of sub-block j (of 16) of a Q3_K block: low four bits in a
+// nibble of scales[0..8], high two bits in scales[8..12].
+static __device__ __forceinline__ int q3_k_scale(const u8* scales, int j) {
+    const int low = j < 8 ? scales[j] & 0xF : scales[j - 8] >> 4;
+    const int high = (scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    return (low | (high << 4)) - 32;
 }
 
 template <int T>
@@ -287,6 +303,60 @@ __device__ __forceinline__ void dq8<W_Q5_K>(const u8* row, int g, float (&w)[8],
     e1 = e0 + 32;
 }
 
+// Q2_K/Q3_K: a super-block is two halves of 128; in half h, 2-bit field s (bits 2s..2s+1)
+// of qs byte 32h + l is element 128h + 32s + l, and sub-block j (16 elements, one scale)
+// is element / 16. A 4-byte load of qs holds four runs of four; lane l = g % 32 takes half
+// h = l / 16, nibble p = (l / 8) % 2 (fields 2p, 2p + 1: the low bits of the nibble make
+// the first run, its high bits the second) and l0 = 4 (l % 8): elements
+// 128h + 64p + l0.. (sub-block 8h + 4p + l0 / 16) and 32 further on (that sub-block + 2).
+// Pairs of lanes load the same qs word, as Q6_K's sides share qh: the other split, all
+// four fields of two bytes, would leave runs of two.
+template <>
+__device__ __forceinline__ void dq8<W_Q2_K>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q2_k* b = (const block_q2_k*)row + (g >> 5);
+    const int l = g & 31, h = l >> 4, p = (l >> 3) & 1, l0 = (l & 7) * 4;
+    const int j = 8 * h + 4 * p + (l0 >> 4);
+    const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+    const int sc1 = b->scales[j], sc2 = b->scales[j + 2];
+    const float d1 = d * (float)(sc1 & 0xF), mm1 = dmin * (float)(sc1 >> 4);
+    const float d2 = d * (float)(sc2 & 0xF), mm2 = dmin * (float)(sc2 >> 4);
+    const u32 v = ld4_a2(b->qs + 32 * h + l0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x = (v >> (8 * i + 4 * p)) & 0xF;
+        w[i] = mul_sub_rn(d1, (float)(x & 3), mm1);
+        w[4 + i] = mul_sub_rn(d2, (float)(x >> 2), mm2);
+    }
+    e0 = (g >> 5) * 256 + 128 * h + 64 * p + l0;
+    e1 = e0 + 32;
+}
+
+// Q3_K: the 2-bit levels as Q2_K; the third bit of element 128h + 32s + l is bit 4h + s of
+// hmask[l], and where it is clear the level is 4 lower (ggml's encoding of -4..3).
+template <>
+__device__ __forceinline__ void dq8<W_Q3_K>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_q3_k* b = (const block_q3_k*)row + (g >> 5);
+    const int l = g & 31, h = l >> 4, p = (l >> 3) & 1, l0 = (l & 7) * 4;
+    const int j = 8 * h + 4 * p + (l0 >> 4);
+    const float d = f16_to_f32(b->d);
+    const float d1 = d * (float)q3_k_scale(b->scales, j);
+    const float d2 = d * (float)q3_k_scale(b->scales, j + 2);
+    const u32 v = ld4_a2(b->qs + 32 * h + l0);
+    const u32 m = ld4_a2(b->hmask + l0);
+    const int s = 4 * h + 2 * p;  // hmask bit of the first run; the second's is s + 1
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x = (v >> (8 * i + 4 * p)) & 0xF;
+        const int hb = (m >> (8 * i)) & 0xFF;
+        const int q1 = (x & 3) - ((hb >> s) & 1 ? 0 : 4);
+        const int q2 = (x >> 2) - ((hb >> (s + 1)) & 1 ? 0 : 4);
+        w[i] = d1 * (float)q1;
+        w[4 + i] = d2 * (float)q2;
+    }
+    e0 = (g >> 5) * 256 + 128 * h + 64 * p + l0;
+    e1 = e0 + 32;
+}
+
 // Q6_K: a super-block is two halves of 128; in half h, byte l (0..31) of ql (and ql
 // l + 32) with byte l of qh makes elements l, l + 32, l + 64, l + 96. Lane l = g % 32
 // takes half h = l / 16, side s = (l / 8) % 2 (ql byte l' or l' + 32) and l' = 4 (l % 8)..:
@@ -364,6 +434,16 @@ __device__ __forceinline__ void dq8<W_Q6_K>(const u8* row, int g, float (&w)[8],
 #else
 #define SPARKD_W_Q8_0(M)
 #endif
+#if SPARKD_WANT_WTYPE(W_Q2_K)
+#define SPARKD_W_Q2_K(M) M(q2_k, W_Q2_K)
+#else
+#define SPARKD_W_Q2_K(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_Q3_K)
+#define SPARKD_W_Q3_K(M) M(q3_k, W_Q3_K)
+#else
+#define SPARKD_W_Q3_K(M)
+#endif
 #if SPARKD_WANT_WTYPE(W_Q4_K)
 #define SPARKD_W_Q4_K(M) M(q4_k, W_Q4_K)
 #else
@@ -388,6 +468,8 @@ __device__ __forceinline__ void dq8<W_Q6_K>(const u8* row, int g, float (&w)[8],
     SPARKD_W_Q5_0(M) \
     SPARKD_W_Q5_1(M) \
     SPARKD_W_Q8_0(M) \
+    SPARKD_W_Q2_K(M) \
+    SPARKD_W_Q3_K(M) \
     SPARKD_W_Q4_K(M) \
     SPARKD_W_Q5_K(M) \
     SPARKD_W_Q6_K(M)

@@ -3,12 +3,13 @@
 # network): runs the release `sparkd` that sits next to this script (or $SPARKD) and
 # prints a short table.
 #
-#   1. parity: GPU against CPU on small synthetic models (every weight format on a tiny
-#      llama, the other architectures, the Q4_K/Q6_K mix at head size 64, and Llama-3-8B
-#      shapes with that mix at one layer): `sparkd gpu-parity` must report a max
-#      relative logit error < 1e-2 and 32 greedy steps equal to the CPU's, on the f32
-#      paths and again on the tensor-core paths (f16 operands); the reference is the
-#      CPU forward with f32 activations and exact sums (not the served CPU path, whose
+#   1. parity: GPU against CPU on small synthetic models (every legacy and float weight
+#      format on a tiny llama, the other architectures, the Q4_K/Q6_K mix at head size
+#      64 and Q2_K and Q3_K alone at those shapes, and Llama-3-8B shapes with the mix at
+#      one layer): `sparkd gpu-parity` must report a max relative logit error < 1e-2
+#      and 32 greedy steps equal to the CPU's, on the f32 paths and again on the
+#      tensor-core paths (f16 operands); the reference is the CPU forward with f32
+#      activations and exact sums (not the served CPU path, whose
 #      8-bit activations alone move logits by up to 1e-2), so the f32 paths must come
 #      within 1e-3; a different pick passes only as a near tie (within 1e-2 in the
 #      CPU's logits: random weights make ties common);
@@ -182,6 +183,11 @@ if [ "$DO_PARITY" = 1 ]; then
     models+=("$(synth tiny-qwen2 --preset tiny --arch qwen2)")
     models+=("$(synth tiny-qwen3 --preset tiny --arch qwen3)")
     models+=("$(synth small-q4_k_m --preset small)")
+    # No preset mixes in Q2_K or Q3_K, and K-quants need rows of 256: the small shapes
+    # with every layer matrix and the head in the one format.
+    for t in Q2_K Q3_K; do
+      models+=("$(synth "small-llama-$t" --preset small --weight-type "$t")")
+    done
     # K-quants need rows of 256: real 8B shapes, one layer.
     models+=("$(synth llama3-8b-1layer --preset llama3-8b --layers 1)")
   fi

@@ -47,6 +47,8 @@
     SPARKD_EMU_KERNELS_W(K, q5_0)                                              \
     SPARKD_EMU_KERNELS_W(K, q5_1)                                              \
     SPARKD_EMU_KERNELS_W(K, q8_0)                                              \
+    SPARKD_EMU_KERNELS_W(K, q2_k)                                              \
+    SPARKD_EMU_KERNELS_W(K, q3_k)                                              \
     SPARKD_EMU_KERNELS_W(K, q4_k)                                              \
     SPARKD_EMU_KERNELS_W(K, q5_k)                                              \
     SPARKD_EMU_KERNELS_W(K, q6_k)                                              \

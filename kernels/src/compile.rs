@@ -399,8 +399,8 @@ mod tests {
         labels.dedup();
         assert_eq!(labels.len(), units.len());
         let c = Compiler::new().without_cache();
-        let q6k = c.unit_options(units[10], "sm_90".parse().unwrap());
-        assert_eq!(units[10].only, Some(WeightType::Q6_K));
+        let q6k = c.unit_options(units[12], "sm_90".parse().unwrap());
+        assert_eq!(units[12].only, Some(WeightType::Q6_K));
         assert_eq!(q6k.last().unwrap(), "-DSPARKD_ONLY_WTYPE=14");
     }
 

@@ -14,13 +14,15 @@ pub enum WeightType {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q2_K,
+    Q3_K,
     Q4_K,
     Q5_K,
     Q6_K,
 }
 
 impl WeightType {
-    pub const ALL: [WeightType; 11] = [
+    pub const ALL: [WeightType; 13] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -29,6 +31,8 @@ impl WeightType {
         Self::Q5_0,
         Self::Q5_1,
         Self::Q8_0,
+        Self::Q2_K,
+        Self::Q3_K,
         Self::Q4_K,
         Self::Q5_K,
         Self::Q6_K,
@@ -48,6 +52,8 @@ impl WeightType {
             Self::Q5_0 => 6,
             Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
@@ -66,6 +72,8 @@ impl WeightType {
             Self::Q5_0 => "q5_0",
             Self::Q5_1 => "q5_1",
             Self::Q8_0 => "q8_0",
+            Self::Q2_K => "q2_k",
+            Self::Q3_K => "q3_k",
             Self::Q4_K => "q4_k",
             Self::Q5_K => "q5_k",
             Self::Q6_K => "q6_k",
@@ -77,7 +85,7 @@ impl WeightType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
         }
     }
 
@@ -287,6 +295,8 @@ mod tests {
         // Q8_1 and Q8_K are activation formats: no weight kernels.
         assert_eq!(WeightType::from_ggml_id(9), None);
         assert_eq!(WeightType::from_ggml_id(15), None);
+        assert_eq!(WeightType::from_ggml_id(10), Some(WeightType::Q2_K));
+        assert_eq!(WeightType::from_ggml_id(11), Some(WeightType::Q3_K));
     }
 
     #[test]
@@ -363,6 +373,8 @@ mod tests {
         assert!(WeightType::Q4_0.supports_cols(576));
         assert!(!WeightType::Q4_K.supports_cols(576));
         assert!(WeightType::Q4_K.supports_cols(4096));
+        assert!(!WeightType::Q2_K.supports_cols(576));
+        assert!(WeightType::Q3_K.supports_cols(768));
         assert!(!WeightType::F16.supports_cols(12));
         assert!(!WeightType::F16.supports_cols(0));
     }

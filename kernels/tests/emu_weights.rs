@@ -14,7 +14,10 @@ use sparkd_kernels::emu::Arg;
 use sparkd_kernels::names::{self, Half, WeightType, MMQ_WIDTHS, MMV_BATCHES};
 
 fn ggml(ty: WeightType) -> GgmlType {
-    GgmlType::from_id(ty.ggml_id()).expect("every kernel format is a ggml type")
+    let t = GgmlType::from_id(ty.ggml_id()).expect("every kernel format is a ggml type");
+    // A kernel format with another format's id would still pass every test below.
+    assert_eq!(t.name().to_ascii_lowercase(), ty.suffix(), "{ty:?}");
+    t
 }
 
 /// A row length with more than one block (and, for the mat-vec, a partial last tile).
@@ -49,6 +52,8 @@ fn random_weights(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> Ve
             // Offsets of the f16 scales in each block (see kernels/quant.cuh).
             let scales: &[usize] = match ty {
                 WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => &[0],
+                WeightType::Q2_K => &[80, 82],
+                WeightType::Q3_K => &[108],
                 WeightType::Q6_K => &[208],
                 _ => &[0, 2],
             };
@@ -340,6 +345,8 @@ fn three_matvecs_of_one_input_share_a_launch() {
         (WeightType::Q4_K, vec![37, 10, 6]),
         (WeightType::Q8_0, vec![9, 14]),
         (WeightType::Q6_K, vec![5, 5, 13]),
+        (WeightType::Q2_K, vec![19, 4]),
+        (WeightType::Q3_K, vec![6, 17, 3]),
     ] {
         let cols = cols_for(ty);
         let ws: Vec<Vec<u8>> = rows
@@ -438,6 +445,8 @@ fn matvec_walks_long_rows_in_several_strides_per_warp() {
     for ty in [
         WeightType::Q4_K,
         WeightType::Q6_K,
+        WeightType::Q2_K,
+        WeightType::Q3_K,
         WeightType::Q8_0,
         WeightType::BF16,
     ] {
@@ -547,6 +556,8 @@ fn tensor_core_gate_up_matmul_applies_swiglu_into_f16() {
     for ty in [
         WeightType::Q4_K,
         WeightType::Q6_K,
+        WeightType::Q2_K,
+        WeightType::Q3_K,
         WeightType::Q8_0,
         WeightType::F16,
     ] {

@@ -265,6 +265,39 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q6_k() {
 }
 
 #[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_q2_k() {
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q2_K));
+    let emu = check("llama Q2_K", &s, &plan(s.vocab_size, 4), opts(8));
+    if let Some(emu) = emu {
+        // Prefill on the dequantized GEMM operand, batched decode on the tensor-core
+        // mat-mul, the head's single prefill rows on the mat-vec: each reads Q2_K.
+        assert!(emu.launches_of("dequant_q2_k_f16") > 0);
+        assert!(emu.launches_of("mmq_q2_k_n8") > 0);
+        assert!(emu.launches_of("mmq_glu_q2_k_n8") > 0);
+        assert!(emu.launches_of("mmv_q2_k_b1") > 0);
+    }
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_q3_k() {
+    // Decode on the mat-vec rather than the tensor cores, so the fused mat-vecs (gate,
+    // up and SwiGLU; q, k and v in one launch) read Q3_K too, which the tensor-core
+    // cases never launch.
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q3_K));
+    let matvec_decode = CudaOptions {
+        mmq_min_tokens: usize::MAX,
+        ..opts(8)
+    };
+    let emu = check("llama Q3_K", &s, &plan(s.vocab_size, 4), matvec_decode);
+    if let Some(emu) = emu {
+        assert!(emu.launches_of("dequant_q3_k_f16") > 0);
+        assert!(emu.launches_of("mmv_glu_q3_k_b4") > 0);
+        assert!(emu.launches_of("mmv3_q3_k_b4") > 0);
+        assert_eq!(emu.launches_of("mmq_"), 0);
+    }
+}
+
+#[test]
 fn emulated_cuda_forward_matches_the_cpu_qwen2_with_biases() {
     let s = one_layer(spec(Arch::Qwen2, GgmlType::Q8_0));
     check("qwen2 Q8_0", &s, &plan(s.vocab_size, 4), opts(8));
