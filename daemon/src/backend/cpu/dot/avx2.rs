@@ -171,21 +171,35 @@ fn low_halves_to_f32(v: __m256i) -> __m256 {
     _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
 }
 
-/// Scales and offsets of up to 8 blocks at `p` (lanes outside `mask` are zero).
+/// Scales and offsets of the `n` (1..=8) blocks at `p` (lanes from `n` on are zero).
 ///
 /// # Safety
-/// The first 4 bytes of each selected block must be readable.
+/// The first 4 bytes of each of the `n` blocks must be readable.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn scales8<const T: u8>(p: *const u8, mask: __m256i) -> (__m256, __m256) {
-    let b = bb(T) as i32;
-    let offsets = _mm256_mullo_epi32(
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        _mm256_set1_epi32(b),
-    );
-    // SAFETY: masked-off lanes are not read; selected ones read a block's first 4 bytes.
-    let g = unsafe {
-        _mm256_mask_i32gather_epi32::<1>(_mm256_setzero_si256(), p.cast(), offsets, mask)
+unsafe fn scales8<const T: u8>(p: *const u8, n: usize) -> (__m256, __m256) {
+    // SAFETY: only the first 4 bytes of blocks 0..n are read.
+    let word = |i: usize| unsafe { (p.add(i * bb(T)) as *const i32).read_unaligned() };
+    // Eight scalar loads and inserts, not `vpgatherdd`: AMD cores microcode the gather,
+    // and in decode it cost more than the quants' own arithmetic.
+    let g = if n == 8 {
+        _mm256_setr_epi32(
+            word(0),
+            word(1),
+            word(2),
+            word(3),
+            word(4),
+            word(5),
+            word(6),
+            word(7),
+        )
+    } else {
+        let mut words = [0i32; 8];
+        for (i, w) in words.iter_mut().enumerate().take(n) {
+            *w = word(i);
+        }
+        // SAFETY: `words` holds eight i32s.
+        unsafe { _mm256_loadu_si256(words.as_ptr().cast()) }
     };
     let d = low_halves_to_f32(g);
     let m = match T {
@@ -238,7 +252,7 @@ unsafe fn legacy_tile<const T: u8, const M: usize, const N: usize>(a: &LegacyArg
             let mut dw = [_mm256_setzero_ps(); M];
             let mut mw = [_mm256_setzero_ps(); M];
             for r in 0..M {
-                (dw[r], mw[r]) = scales8::<T>(a.w.add(r * a.row_bytes + g * b), mask);
+                (dw[r], mw[r]) = scales8::<T>(a.w.add(r * a.row_bytes + g * b), nbg);
             }
             let mut dx = [_mm256_setzero_ps(); N];
             for j in 0..N {
