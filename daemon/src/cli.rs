@@ -340,7 +340,7 @@ pub fn synth(args: SynthArgs) -> anyhow::Result<()> {
 }
 
 fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
-    const ALL: [GgmlType; 13] = [
+    const ALL: [GgmlType; 15] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -354,6 +354,8 @@ fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
     ];
     ALL.into_iter()
         .find(|t| t.name().eq_ignore_ascii_case(s))

@@ -5,7 +5,7 @@
 
 use half::{bf16, f16};
 
-use super::types::{GgmlType, K_SCALE_SIZE, QK, QK_K};
+use super::types::{GgmlType, IQ4NL_VALUES, K_SCALE_SIZE, QK, QK_K};
 use super::QuantError;
 
 /// Reads the little-endian `f16` at `off`.
@@ -75,6 +75,8 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
         GgmlType::Q5_K => blocks.for_each(|(b, y)| q5_k(b, y)),
         GgmlType::Q6_K => blocks.for_each(|(b, y)| q6_k(b, y)),
         GgmlType::Q8_K => blocks.for_each(|(b, y)| q8_k(b, y)),
+        GgmlType::IQ4_NL => blocks.for_each(|(b, y)| iq4_nl(b, y)),
+        GgmlType::IQ4_XS => blocks.for_each(|(b, y)| iq4_xs(b, y)),
     }
     Ok(())
 }
@@ -258,5 +260,34 @@ fn q8_k(b: &[u8], y: &mut [f32]) {
     let d = f32_at(b, 0);
     for (yj, &q) in y.iter_mut().zip(&b[4..4 + QK_K]) {
         *yj = d * q as i8 as f32;
+    }
+}
+
+/// 32 non-linear 4-bit levels: low nibbles are elements 0..16, high nibbles 16..32.
+fn iq4_levels(qs: &[u8], dl: f32, y: &mut [f32]) {
+    for (j, &q) in qs.iter().enumerate().take(QK / 2) {
+        y[j] = dl * IQ4NL_VALUES[(q & 0xF) as usize] as f32;
+        y[j + QK / 2] = dl * IQ4NL_VALUES[(q >> 4) as usize] as f32;
+    }
+}
+
+fn iq4_nl(b: &[u8], y: &mut [f32]) {
+    iq4_levels(&b[2..2 + QK / 2], f16_at(b, 0), y);
+}
+
+/// The 6-bit scale of sub-block `ib` (of 8) of an IQ4_XS super-block, offset removed.
+#[inline]
+pub(crate) fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+    let high = ((scales_h >> (2 * ib)) & 3) as u8;
+    (low | (high << 4)) as i32 - 32
+}
+
+fn iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let qs = &b[8..8 + QK_K / 2];
+    for (ib, (q, y)) in qs.chunks_exact(16).zip(y.chunks_exact_mut(QK)).enumerate() {
+        iq4_levels(q, d * iq4_xs_scale(b, ib) as f32, y);
     }
 }

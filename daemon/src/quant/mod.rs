@@ -2,11 +2,12 @@
 
 mod dequant;
 mod quantize;
+mod quantize_iq;
 mod quantize_k;
 pub mod types;
 
 pub use dequant::dequantize;
-pub(crate) use dequant::{k_2bit_level, q3_k_scale};
+pub(crate) use dequant::{iq4_xs_scale, k_2bit_level, q3_k_scale};
 pub use quantize::quantize;
 pub use types::*;
 

@@ -7,6 +7,7 @@
 use half::f16;
 
 use super::dequant::check_sizes;
+use super::quantize_iq::{quantize_iq4_nl, quantize_iq4_xs};
 use super::quantize_k::{
     quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k, quantize_q8_k,
 };
@@ -37,6 +38,8 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
         GgmlType::Q5_K => blocks.for_each(|(x, b)| quantize_q5_k(x, b)),
         GgmlType::Q6_K => blocks.for_each(|(x, b)| quantize_q6_k(x, b)),
         GgmlType::Q8_K => blocks.for_each(|(x, b)| quantize_q8_k(x, b)),
+        GgmlType::IQ4_NL => blocks.for_each(|(x, b)| quantize_iq4_nl(x, b)),
+        GgmlType::IQ4_XS => blocks.for_each(|(x, b)| quantize_iq4_xs(x, b)),
     }
     Ok(())
 }

@@ -39,6 +39,8 @@ fn fixture(ty: GgmlType) -> Fixture {
         GgmlType::Q5_K => fixture_bytes!("Q5_K"),
         GgmlType::Q6_K => fixture_bytes!("Q6_K"),
         GgmlType::Q8_K => fixture_bytes!("Q8_K"),
+        GgmlType::IQ4_NL => fixture_bytes!("IQ4_NL"),
+        GgmlType::IQ4_XS => fixture_bytes!("IQ4_XS"),
     };
     let n = u32::from_le_bytes(raw[0..4].try_into().unwrap()) as usize;
     let nb = u32::from_le_bytes(raw[4..8].try_into().unwrap()) as usize;
@@ -54,7 +56,7 @@ fn fixture(ty: GgmlType) -> Fixture {
     }
 }
 
-const ALL: [GgmlType; 15] = [
+const ALL: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -70,6 +72,8 @@ const ALL: [GgmlType; 15] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 #[test]
@@ -130,6 +134,8 @@ fn round_trip_error_is_within_format_precision() {
         (GgmlType::Q5_K, 0.05),
         (GgmlType::Q6_K, 0.02),
         (GgmlType::Q8_K, 0.005),
+        (GgmlType::IQ4_NL, 0.12),
+        (GgmlType::IQ4_XS, 0.12),
     ] {
         let mut q = vec![0u8; ty.bytes_for(n as u64).unwrap() as usize];
         quantize(ty, &x, &mut q).unwrap();

@@ -24,6 +24,8 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q8_K,
+    IQ4_NL,
+    IQ4_XS,
     BF16,
 }
 
@@ -45,6 +47,8 @@ impl GgmlType {
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             15 => Self::Q8_K,
+            20 => Self::IQ4_NL,
+            23 => Self::IQ4_XS,
             30 => Self::BF16,
             _ => return None,
         })
@@ -66,6 +70,8 @@ impl GgmlType {
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::Q8_K => 15,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -86,6 +92,8 @@ impl GgmlType {
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
             Self::Q8_K => "Q8_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
             Self::BF16 => "BF16",
         }
     }
@@ -94,8 +102,20 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => QK,
-            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => QK_K,
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::Q8_1
+            | Self::IQ4_NL => QK,
+            Self::Q2_K
+            | Self::Q3_K
+            | Self::Q4_K
+            | Self::Q5_K
+            | Self::Q6_K
+            | Self::Q8_K
+            | Self::IQ4_XS => QK_K,
         }
     }
 
@@ -116,6 +136,8 @@ impl GgmlType {
             Self::Q5_K => std::mem::size_of::<BlockQ5K>(),
             Self::Q6_K => std::mem::size_of::<BlockQ6K>(),
             Self::Q8_K => std::mem::size_of::<BlockQ8K>(),
+            Self::IQ4_NL => std::mem::size_of::<BlockIQ4NL>(),
+            Self::IQ4_XS => std::mem::size_of::<BlockIQ4XS>(),
         }
     }
 
@@ -252,6 +274,32 @@ pub struct BlockQ6K {
     pub d: f16,
 }
 
+/// The 16 levels of the non-linear 4-bit types (ggml's `kvalues_iq4nl`): denser near
+/// zero, where most weights are.
+pub const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// Non-linear 4-bit: `x = d * IQ4NL_VALUES[q]`; nibbles laid out as Q4_0's.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BlockIQ4NL {
+    pub d: f16,
+    pub qs: [u8; QK / 2],
+}
+
+/// Non-linear 4-bit super-block: 8 sub-blocks of 32 as IQ4_NL's, each with a 6-bit scale
+/// (`x = d * (ls - 32) * IQ4NL_VALUES[q]`): low 4 bits in the nibbles of `scales_l`, high
+/// 2 bits in `scales_h`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BlockIQ4XS {
+    pub d: f16,
+    pub scales_h: u16,
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+
 /// 8-bit super-block with per-16 sums: the activation format for K-quant dot products.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -273,3 +321,5 @@ const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockIQ4XS>() == 136);

@@ -164,8 +164,9 @@ pub fn matmul<'w>(
     let k = dot::best();
     use GgmlType::*;
     match w.ty {
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL => {
             let tile = match w.ty {
+                IQ4_NL => k.iq4_nl,
                 Q4_0 => k.q4_0,
                 Q4_1 => k.q4_1,
                 Q5_0 => k.q5_0,
@@ -175,8 +176,9 @@ pub fn matmul<'w>(
             let acts = scratch.q8.quantize(pool, k, x, w.cols);
             run_tiles(pool, w, n, y, |t, j0, nr, out| tile(t, &acts, j0, nr, out));
         }
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => {
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => {
             let tile = match w.ty {
+                IQ4_XS => k.iq4_xs,
                 Q2_K => k.q2_k,
                 Q3_K => k.q3_k,
                 Q4_K => k.q4_k,

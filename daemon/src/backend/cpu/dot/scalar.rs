@@ -5,7 +5,9 @@
 use half::f16;
 
 use super::{F32Acts, Kernels, Out, Q8Acts, Q8KActs, WTile};
-use crate::quant::{k_2bit_level, q3_k_scale, GgmlType, K_SCALE_SIZE, QK, QK_K};
+use crate::quant::{
+    iq4_xs_scale, k_2bit_level, q3_k_scale, GgmlType, IQ4NL_VALUES, K_SCALE_SIZE, QK, QK_K,
+};
 
 pub(crate) const KERNELS: Kernels = Kernels {
     name: "scalar",
@@ -16,11 +18,13 @@ pub(crate) const KERNELS: Kernels = Kernels {
     q5_0: |w, a, j0, nr, out| legacy_tile(GgmlType::Q5_0, decode_q5_0, w, a, j0, nr, out),
     q5_1: |w, a, j0, nr, out| legacy_tile(GgmlType::Q5_1, decode_q5_1, w, a, j0, nr, out),
     q8_0: |w, a, j0, nr, out| legacy_tile(GgmlType::Q8_0, decode_q8_0, w, a, j0, nr, out),
+    iq4_nl: |w, a, j0, nr, out| legacy_tile(GgmlType::IQ4_NL, decode_iq4_nl, w, a, j0, nr, out),
     q2_k: |w, a, j0, nr, out| k_tile(GgmlType::Q2_K, dot_q2_k, w, a, j0, nr, out),
     q3_k: |w, a, j0, nr, out| k_tile(GgmlType::Q3_K, dot_q3_k, w, a, j0, nr, out),
     q4_k: |w, a, j0, nr, out| k_tile(GgmlType::Q4_K, dot_q4_k, w, a, j0, nr, out),
     q5_k: |w, a, j0, nr, out| k_tile(GgmlType::Q5_K, dot_q5_k, w, a, j0, nr, out),
     q6_k: |w, a, j0, nr, out| k_tile(GgmlType::Q6_K, dot_q6_k, w, a, j0, nr, out),
+    iq4_xs: |w, a, j0, nr, out| k_tile(GgmlType::IQ4_XS, dot_iq4_xs, w, a, j0, nr, out),
     f32: |w, a, j0, nr, out| float_tile(|b, i| f32_at(b, 4 * i), w, a, j0, nr, out),
     f16: |w, a, j0, nr, out| float_tile(|b, i| f16_at(b, 2 * i), w, a, j0, nr, out),
     bf16: |w, a, j0, nr, out| float_tile(|b, i| bf16_at(b, 2 * i), w, a, j0, nr, out),
@@ -152,6 +156,15 @@ fn decode_q8_0(b: &[u8]) -> Decoded {
         d: f16_at(b, 0),
         m: 0.0,
         q: std::array::from_fn(|i| b[2 + i] as i8 as i32),
+    }
+}
+
+/// IQ4_NL: the nibbles index the non-linear levels.
+fn decode_iq4_nl(b: &[u8]) -> Decoded {
+    Decoded {
+        d: f16_at(b, 0),
+        m: 0.0,
+        q: nibbles(&b[2..18], 0).map(|l| IQ4NL_VALUES[l as usize] as i32),
     }
 }
 
@@ -312,6 +325,19 @@ fn dot_q6_k(blk: &[u8], qs: &[i8], d: f32, _bsums: &[i16]) -> f32 {
         isum += sc[s16] as i8 as i32 * dot;
     }
     d * f16_at(blk, QK_K / 2 + QK_K / 4 + QK_K / 16) * isum as f32
+}
+
+/// IQ4_XS: `d * sum_s (ls_s - 32) * dot(level, x)` over the 8 sub-blocks of 32, whose
+/// nibbles index the non-linear levels as IQ4_NL's.
+fn dot_iq4_xs(blk: &[u8], qs: &[i8], d: f32, _bsums: &[i16]) -> f32 {
+    let q = &blk[8..8 + QK_K / 2];
+    let mut isum = 0i32;
+    for (s, (q16, x)) in q.chunks_exact(16).zip(qs.chunks_exact(QK)).enumerate() {
+        let levels = nibbles(q16, 0).map(|l| IQ4NL_VALUES[l as usize] as i32);
+        let dot: i32 = levels.iter().zip(x).map(|(&l, &v)| l * v as i32).sum();
+        isum += iq4_xs_scale(blk, s) * dot;
+    }
+    d * f16_at(blk, 0) * isum as f32
 }
 
 fn float_tile(

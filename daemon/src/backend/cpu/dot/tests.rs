@@ -7,19 +7,21 @@ use crate::backend::cpu::testutil::{
 };
 use crate::quant::GgmlType;
 
-const LEGACY: [GgmlType; 5] = [
+const LEGACY: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
 ];
-const KQUANT: [GgmlType; 5] = [
+const KQUANT: [GgmlType; 6] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
 ];
 const FLOAT: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
@@ -127,11 +129,13 @@ impl Case {
             GgmlType::Q5_0 => (k.q5_0)(&w, &q8, j0, nr, &mut out),
             GgmlType::Q5_1 => (k.q5_1)(&w, &q8, j0, nr, &mut out),
             GgmlType::Q8_0 => (k.q8_0)(&w, &q8, j0, nr, &mut out),
+            GgmlType::IQ4_NL => (k.iq4_nl)(&w, &q8, j0, nr, &mut out),
             GgmlType::Q2_K => (k.q2_k)(&w, &q8k, j0, nr, &mut out),
             GgmlType::Q3_K => (k.q3_k)(&w, &q8k, j0, nr, &mut out),
             GgmlType::Q4_K => (k.q4_k)(&w, &q8k, j0, nr, &mut out),
             GgmlType::Q5_K => (k.q5_k)(&w, &q8k, j0, nr, &mut out),
             GgmlType::Q6_K => (k.q6_k)(&w, &q8k, j0, nr, &mut out),
+            GgmlType::IQ4_XS => (k.iq4_xs)(&w, &q8k, j0, nr, &mut out),
             GgmlType::F32 => (k.f32)(&w, &f, j0, nr, &mut out),
             GgmlType::F16 => (k.f16)(&w, &f, j0, nr, &mut out),
             GgmlType::BF16 => (k.bf16)(&w, &f, j0, nr, &mut out),

@@ -7,7 +7,7 @@ use crate::backend::cpu::testutil::{
 };
 use crate::backend::cpu::PackedMatrix;
 
-const TYPES: [GgmlType; 13] = [
+const TYPES: [GgmlType; 15] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -18,6 +18,8 @@ const TYPES: [GgmlType; 13] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -25,7 +27,12 @@ const TYPES: [GgmlType; 13] = [
 
 fn cols_for(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 512,
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_XS => 512,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 72,
         _ => 160,
     }
@@ -90,7 +97,8 @@ fn matmul_matches_a_float_reference() {
                     | GgmlType::Q3_K
                     | GgmlType::Q4_K
                     | GgmlType::Q5_K
-                    | GgmlType::Q6_K => 1e-5 * scale + act_quant_bound(wr, xi, 256),
+                    | GgmlType::Q6_K
+                    | GgmlType::IQ4_XS => 1e-5 * scale + act_quant_bound(wr, xi, 256),
                     _ => 1e-5 * scale + act_quant_bound(wr, xi, 32),
                 };
                 let got = y[i * rows + r];
