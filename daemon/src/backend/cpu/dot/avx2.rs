@@ -4,7 +4,8 @@
 //! `vpmaddwd` give the block's integer dot product in eight lanes. The 4/5-bit types use
 //! unsigned codes with an offset term (`m = -8d` for Q4_0, ...) taken once per 8 blocks
 //! from the activation block sums; Q8_0 multiplies signed by signed with the
-//! `abs`/`sign` trick (the unsigned form would saturate `vpmaddubsw`).
+//! `abs`/`sign` trick (the unsigned form would saturate `vpmaddubsw`), and so does
+//! IQ4_NL, whose nibbles index its 16 signed levels with `vpshufb`.
 
 use std::arch::x86_64::*;
 
@@ -29,13 +30,13 @@ pub(super) fn kernels() -> Option<Kernels> {
         q5_0: legacy::<Q5_0>,
         q5_1: legacy::<Q5_1>,
         q8_0: legacy::<Q8_0>,
-        iq4_nl: scalar::KERNELS.iq4_nl,
+        iq4_nl: legacy::<IQ4_NL>,
         q2_k: k::q2_k,
         q3_k: k::q3_k,
         q4_k: k::q4_k,
         q5_k: k::q5_k,
         q6_k: k::q6_k,
-        iq4_xs: scalar::KERNELS.iq4_xs,
+        iq4_xs: k::iq4_xs,
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
@@ -52,11 +53,28 @@ const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 const Q5_1: u8 = 3;
 const Q8_0: u8 = 4;
+const IQ4_NL: u8 = 5;
+
+/// Whether the type's blocks have signed levels (multiplied with the `abs`/`sign`
+/// trick) rather than unsigned codes with an offset term.
+const fn signed_levels(t: u8) -> bool {
+    t == Q8_0 || t == IQ4_NL
+}
+
+/// The IQ4_NL levels in both 128-bit lanes, for `vpshufb` on the nibbles.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn iq4nl_table() -> __m256i {
+    let t = crate::quant::IQ4NL_VALUES;
+    // SAFETY: `IQ4NL_VALUES` holds 16 bytes.
+    let lane = unsafe { _mm_loadu_si128(t.as_ptr().cast()) };
+    _mm256_set_m128i(lane, lane)
+}
 
 /// Bytes per block.
 const fn bb(t: u8) -> usize {
     match t {
-        Q4_0 => 18,
+        Q4_0 | IQ4_NL => 18,
         Q4_1 => 20,
         Q5_0 => 22,
         Q5_1 => 24,
@@ -67,7 +85,7 @@ const fn bb(t: u8) -> usize {
 /// Offset of the packed quants within a block.
 const fn qs_off(t: u8) -> usize {
     match t {
-        Q4_0 => 2,
+        Q4_0 | IQ4_NL => 2,
         Q4_1 => 4,
         Q5_0 => 6,
         Q5_1 => 8,
@@ -125,7 +143,7 @@ fn bytes_from_bits(bits: u32) -> __m256i {
 }
 
 /// The block at `p` as 32 codes in element order: unsigned for the 4/5-bit types, the
-/// signed quants for Q8_0.
+/// signed levels for Q8_0 and IQ4_NL.
 ///
 /// # Safety
 /// One whole block must be readable at `p`.
@@ -142,6 +160,9 @@ unsafe fn codes<const T: u8>(p: *const u8) -> __m256i {
             _mm256_set_m128i(_mm_srli_epi16::<4>(q), q),
             _mm256_set1_epi8(0x0F),
         );
+        if T == IQ4_NL {
+            return _mm256_shuffle_epi8(iq4nl_table(), v);
+        }
         if T == Q5_0 || T == Q5_1 {
             let qh = (p.add(qs_off(T) - 4) as *const u32).read_unaligned();
             let high = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
@@ -155,7 +176,7 @@ unsafe fn codes<const T: u8>(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2")]
 #[inline]
 fn dot32<const T: u8>(w: __m256i, x: __m256i) -> __m256i {
-    let p16 = if T == Q8_0 {
+    let p16 = if signed_levels(T) {
         _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
     } else {
         _mm256_maddubs_epi16(w, x)
@@ -259,7 +280,7 @@ unsafe fn legacy_tile<const T: u8, const M: usize, const N: usize>(a: &LegacyArg
             let mut dx = [_mm256_setzero_ps(); N];
             for j in 0..N {
                 dx[j] = _mm256_maskload_ps(a.d.add(j * a.nb + g), mask);
-                if T != Q8_0 {
+                if !signed_levels(T) {
                     let sx = _mm256_maskload_ps(a.s.add(j * a.nb + g), mask);
                     for r in 0..M {
                         acc[r][j] = _mm256_fmadd_ps(mw[r], sx, acc[r][j]);

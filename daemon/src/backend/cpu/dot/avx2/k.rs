@@ -1,4 +1,5 @@
-//! AVX2 kernels for the K-quant super-blocks (Q2_K .. Q6_K) against Q8K activations.
+//! AVX2 kernels for the K-quant super-blocks (Q2_K .. Q6_K, IQ4_XS) against Q8K
+//! activations.
 //!
 //! One weight row at a time: each 64-element chunk is unpacked once and multiplied with
 //! every activation row of the tile. Integer sums are exact and the per-super-block
@@ -7,8 +8,8 @@
 use std::arch::x86_64::*;
 
 use super::super::{scalar, Out, Q8KActs, WTile, NR};
-use super::hsum_epi32;
-use crate::quant::{q3_k_scale, K_SCALE_SIZE, QK_K};
+use super::{hsum_epi32, iq4nl_table};
+use crate::quant::{iq4_xs_scale, q3_k_scale, K_SCALE_SIZE, QK_K};
 
 /// Raw pointers to activation row `j0` of a tile (rows are `cols`, `nsb` and `16 * nsb`
 /// apart in the three buffers).
@@ -26,11 +27,13 @@ const Q5K: u8 = 1;
 const Q6K: u8 = 2;
 const Q2K: u8 = 3;
 const Q3K: u8 = 4;
+const IQ4XS: u8 = 5;
 
 const fn bb(t: u8) -> usize {
     match t {
         Q2K => 84,
         Q3K => 110,
+        IQ4XS => 136,
         Q4K => 144,
         Q5K => 176,
         _ => 210,
@@ -43,6 +46,10 @@ pub(super) fn q2_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) 
 
 pub(super) fn q3_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
     tile::<Q3K>(w, a, j0, nr, out)
+}
+
+pub(super) fn iq4_xs(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+    tile::<IQ4XS>(w, a, j0, nr, out)
 }
 
 pub(super) fn q4_k(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
@@ -109,6 +116,7 @@ unsafe fn row_kernel<const T: u8, const N: usize>(row: &[u8], a: &KArgs, out: &m
         match T {
             Q6K => q6k_block(blk, &mut sumi, x),
             Q2K | Q3K => k2_block::<T, N>(blk, &q3_scales, &mut sumi, x),
+            IQ4XS => iq4xs_block::<N>(blk, &mut sumi, x),
             _ => k4_block::<T, N>(blk, &mut sumi, x),
         }
         for j in 0..N {
@@ -119,6 +127,7 @@ unsafe fn row_kernel<const T: u8, const N: usize>(row: &[u8], a: &KArgs, out: &m
             };
             let isum = hsum_epi32(sumi[j]);
             acc[j] += match T {
+                IQ4XS => dx * f16_at(blk, 0) * isum as f32,
                 Q2K => {
                     let msum: i32 = blk[..16]
                         .iter()
@@ -258,6 +267,36 @@ fn k2_block<const T: u8, const N: usize>(
                 let p = _mm256_madd_epi16(scales, _mm256_maddubs_epi16(q, xv));
                 *acc = _mm256_add_epi32(*acc, p);
             }
+        }
+    }
+}
+
+/// Adds `sum_s (ls_s - 32) * dot(level, x)` of one IQ4_XS super-block to `sumi[j]`:
+/// sub-block `s` is 16 bytes of nibbles (elements 0..16 low, 16..32 high) that index the
+/// signed IQ4_NL levels.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn iq4xs_block<const N: usize>(
+    blk: &[u8],
+    sumi: &mut [__m256i; N],
+    x: impl Fn(usize, usize) -> *const i8,
+) {
+    assert!(blk.len() >= 136);
+    let table = iq4nl_table();
+    let m4 = _mm256_set1_epi8(0x0F);
+    for s in 0..8 {
+        // SAFETY: sub-block s's 16 bytes lie within `blk` (asserted above).
+        let q = unsafe { _mm_loadu_si128(blk.as_ptr().add(8 + 16 * s).cast()) };
+        let codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), m4);
+        let levels = _mm256_shuffle_epi8(table, codes);
+        // Signed by signed: |level| <= 127, so `abs` fits the unsigned operand.
+        let abs = _mm256_abs_epi8(levels);
+        let scale = _mm256_set1_epi16(iq4_xs_scale(blk, s) as i16);
+        for (j, acc) in sumi.iter_mut().enumerate() {
+            // SAFETY: `x` points at 32 in-bounds activations of row j.
+            let xv = unsafe { _mm256_loadu_si256(x(j, 32 * s).cast()) };
+            let p16 = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(xv, levels));
+            *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(scale, p16));
         }
     }
 }
