@@ -1,12 +1,13 @@
 //! NEON kernels: every weight type and the activation quantizers (K-quants in `k.rs`,
-//! Q2_K and Q3_K in `k2.rs`), in two tables: `neon` for baseline AArch64 and
+//! Q2_K, Q3_K and IQ4_XS in `k2.rs`), in two tables: `neon` for baseline AArch64 and
 //! `neon-dotprod` for cores with the dot-product extension (`sdot`: Grace's Neoverse V2
 //! and every Armv8.4+ core).
 //!
 //! Legacy blocks are decoded to signed 8-bit levels (`x = d * q + m`) and multiplied with
 //! the activations into four exact 32-bit lanes (`IntDot`: `smull`/`smlal` and pairwise
 //! widening, or `sdot`, which does the same 16 products in one instruction); the
-//! per-block scaling is a vector FMA over those lanes.
+//! per-block scaling is a vector FMA over those lanes. IQ4_NL is one of them: its nibbles
+//! index its 16 signed levels with `tbl`.
 
 use std::arch::aarch64::*;
 
@@ -29,6 +30,7 @@ pub(super) fn kernels() -> Option<Kernels> {
         q5_0: legacy::<Q5_0>,
         q5_1: legacy::<Q5_1>,
         q8_0: legacy::<Q8_0>,
+        iq4_nl: legacy::<IQ4_NL>,
         f32: float::<F32>,
         f16: float::<F16>,
         bf16: float::<BF16>,
@@ -37,6 +39,7 @@ pub(super) fn kernels() -> Option<Kernels> {
         q4_k: k::kquant::<{ k::Q4K }>,
         q5_k: k::kquant::<{ k::Q5K }>,
         q6_k: k::kquant::<{ k::Q6K }>,
+        iq4_xs: k2::kquant::<{ k2::IQ4XS }>,
         ..scalar::KERNELS
     })
 }
@@ -53,11 +56,13 @@ pub(super) fn kernels_dotprod() -> Option<Kernels> {
         q5_0: legacy_sdot::<Q5_0>,
         q5_1: legacy_sdot::<Q5_1>,
         q8_0: legacy_sdot::<Q8_0>,
+        iq4_nl: legacy_sdot::<IQ4_NL>,
         q2_k: k2::kquant_sdot::<{ k2::Q2K }>,
         q3_k: k2::kquant_sdot::<{ k2::Q3K }>,
         q4_k: k::kquant_sdot::<{ k::Q4K }>,
         q5_k: k::kquant_sdot::<{ k::Q5K }>,
         q6_k: k::kquant_sdot::<{ k::Q6K }>,
+        iq4_xs: k2::kquant_sdot::<{ k2::IQ4XS }>,
         ..kernels()?
     })
 }
@@ -114,11 +119,12 @@ const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 const Q5_1: u8 = 3;
 const Q8_0: u8 = 4;
+const IQ4_NL: u8 = 5;
 
 /// Bytes per block.
 const fn bb(t: u8) -> usize {
     match t {
-        Q4_0 => 18,
+        Q4_0 | IQ4_NL => 18,
         Q4_1 => 20,
         Q5_0 => 22,
         Q5_1 => 24,
@@ -223,6 +229,14 @@ fn bytes_from_bits16(bits: u32) -> uint8x16_t {
     vtstq_u8(v, unsafe { vld1q_u8(BIT.as_ptr()) })
 }
 
+/// The IQ4_NL levels, for `tbl` on the nibbles (IQ4_NL and IQ4_XS).
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) fn iq4nl_table() -> int8x16_t {
+    // SAFETY: `IQ4NL_VALUES` holds 16 bytes.
+    unsafe { vld1q_s8(crate::quant::IQ4NL_VALUES.as_ptr()) }
+}
+
 /// The signed levels of one block: elements 0..16 and 16..32.
 #[target_feature(enable = "neon")]
 #[inline]
@@ -235,7 +249,7 @@ fn levels<const T: u8>(blk: &[u8]) -> (int8x16_t, int8x16_t) {
             return (vld1q_s8(p), vld1q_s8(p.add(16)));
         }
         let qs_off = match T {
-            Q4_0 => 2,
+            Q4_0 | IQ4_NL => 2,
             Q4_1 => 4,
             Q5_0 => 6,
             _ => 8,
@@ -243,6 +257,11 @@ fn levels<const T: u8>(blk: &[u8]) -> (int8x16_t, int8x16_t) {
         let q = vld1q_u8(blk.as_ptr().add(qs_off));
         let mut lo = vandq_u8(q, vdupq_n_u8(0x0F));
         let mut hi = vshrq_n_u8::<4>(q);
+        if T == IQ4_NL {
+            // Nibbles are below 16, so no index falls outside the table.
+            let t = iq4nl_table();
+            return (vqtbl1q_s8(t, lo), vqtbl1q_s8(t, hi));
+        }
         if T == Q5_0 || T == Q5_1 {
             let o = qs_off - 4;
             let qh = u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]);

@@ -1,8 +1,9 @@
-//! NEON kernels for the 2- and 3-bit K-quant super-blocks (Q2_K, Q3_K) against Q8K
-//! activations, with the integer products on baseline NEON or on `sdot` (`IntDot`).
+//! NEON kernels for the 2- and 3-bit K-quant super-blocks (Q2_K, Q3_K) and IQ4_XS
+//! against Q8K activations, with the integer products on baseline NEON or on `sdot`
+//! (`IntDot`).
 //!
 //! One weight row at a time; each super-block is unpacked once into the signed levels of
-//! its 16 sub-blocks and used for every activation row of the tile (its unpacking costs
+//! its sub-blocks and used for every activation row of the tile (its unpacking costs
 //! about as much as one row's products). The integer sums are exact and the
 //! per-super-block float arithmetic is the scalar twin's, accumulated per output in the
 //! same block order, so the results equal the scalar kernels' (with either `IntDot`).
@@ -11,20 +12,22 @@ use std::arch::aarch64::*;
 
 use super::super::{Out, Q8KActs, WTile, NR};
 use super::k::{dot16, f16_at, load16, load16_s};
-use super::{IntDot, Sdot, Widening};
-use crate::quant::{q3_k_scale, K_SCALE_SIZE, QK_K};
+use super::{iq4nl_table, IntDot, Sdot, Widening};
+use crate::quant::{iq4_xs_scale, q3_k_scale, K_SCALE_SIZE, QK, QK_K};
 
 pub(super) const Q2K: u8 = 0;
 pub(super) const Q3K: u8 = 1;
+pub(super) const IQ4XS: u8 = 2;
 
 const fn bb(t: u8) -> usize {
     match t {
         Q2K => 84,
-        _ => 110,
+        Q3K => 110,
+        _ => 136,
     }
 }
 
-/// The kernel for K-quant type `T` (`Q2K` or `Q3K`) on baseline NEON.
+/// The kernel for type `T` (`Q2K`, `Q3K` or `IQ4XS`) on baseline NEON.
 pub(super) fn kquant<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
     w.check(QK_K, bb(T));
     // SAFETY: NEON is part of the AArch64 baseline and detected before the table is
@@ -69,10 +72,10 @@ fn tile_with<D: IntDot, const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usiz
         // The scalar twin's `acc` of each output, summed over the blocks in the same order.
         let mut acc = [0.0f32; NR];
         for (i, blk) in w.row(r).chunks_exact(bb(T)).enumerate() {
-            if T == Q2K {
-                q2k_block::<D>(blk, a, j0, i, &mut acc[..nr]);
-            } else {
-                q3k_block::<D>(blk, a, j0, i, &mut acc[..nr]);
+            match T {
+                Q2K => q2k_block::<D>(blk, a, j0, i, &mut acc[..nr]),
+                Q3K => q3k_block::<D>(blk, a, j0, i, &mut acc[..nr]),
+                _ => iq4xs_block::<D>(blk, a, j0, i, &mut acc[..nr]),
             }
         }
         out_r[..nr].copy_from_slice(&acc[..nr]);
@@ -173,6 +176,37 @@ fn q3k_block<D: IntDot>(blk: &[u8], a: &Q8KActs, j0: usize, i: usize, acc: &mut 
         let mut sumi = vdupq_n_s32(0);
         for (s, &qs) in q.iter().enumerate() {
             sumi = vmlaq_n_s32(sumi, dot16::<D>(qs, load16_s(x, 16 * s)), sc[s]);
+        }
+        *acc_j += dx * dw * vaddvq_s32(sumi) as f32;
+    }
+}
+
+/// Adds one IQ4_XS super-block's products with super-block `i` of activation rows
+/// `j0..j0 + acc.len()` to `acc`, with the scalar twin's float operations.
+#[target_feature(enable = "neon")]
+#[inline]
+fn iq4xs_block<D: IntDot>(blk: &[u8], a: &Q8KActs, j0: usize, i: usize, acc: &mut [f32]) {
+    let qs_off = 8;
+    let sc: [i32; 8] = std::array::from_fn(|s| iq4_xs_scale(blk, s));
+    // Levels reach -127 and scales -32, so the scales are applied to the 32-bit sums
+    // (a level times a scale is past an i8); |level * x| <= 127 * 127 suits `IntDot`.
+    let (table, m4) = (iq4nl_table(), vdupq_n_u8(0x0F));
+    let q: [(int8x16_t, int8x16_t); 8] = std::array::from_fn(|s| {
+        // Sub-block s: elements 32s .. +16 in the low nibbles, 32s + 16 .. +16 in the high.
+        let bits = load16(blk, qs_off + 16 * s);
+        (
+            vqtbl1q_s8(table, vandq_u8(bits, m4)),
+            vqtbl1q_s8(table, vshrq_n_u8::<4>(bits)),
+        )
+    });
+    let dw = f16_at(blk, 0);
+    for (j, acc_j) in acc.iter_mut().enumerate() {
+        let (x, dx, _) = acts(a, j0 + j, i);
+        let mut sumi = vdupq_n_s32(0);
+        for (s, &(lo, hi)) in q.iter().enumerate() {
+            let (x0, x1) = (load16_s(x, QK * s), load16_s(x, QK * s + 16));
+            let dot = D::dot_acc(D::dot_acc(vdupq_n_s32(0), lo, x0), hi, x1);
+            sumi = vmlaq_n_s32(sumi, dot, sc[s]);
         }
         *acc_j += dx * dw * vaddvq_s32(sumi) as f32;
     }
