@@ -1,8 +1,8 @@
 // dequant.cu - weight rows dequantized to f16 or bf16, the operand of the prefill GEMM.
 //
 // extern "C" __global__ void dequant_<fmt>_<out>(const u8* w, u16* out, int rows, int cols)
-//   <fmt> : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k (the weight's
-//           GGUF type)
+//   <fmt> : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl
+//           iq4_xs (the weight's GGUF type)
 //   <out> : f16 or bf16 (out holds the raw 16-bit values)
 //   w     : rows x cols weights in the GGUF block layout; to convert a panel of rows
 //           r0..r0+rows of a larger matrix, pass w + r0 * row_bytes

@@ -2,8 +2,8 @@
 //
 // extern "C" __global__ void embed_<fmt>(const u8* table, const u32* tokens, float* out,
 //                                        int n_tokens, int cols, int vocab)
-//   <fmt>  : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k (the table's
-//            GGUF type)
+//   <fmt>  : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl
+//            iq4_xs (the table's GGUF type)
 //   table  : vocab rows of `cols` elements in the GGUF block layout, row-major
 //   tokens : n_tokens token ids
 //   out    : n_tokens x cols f32, row t = table row tokens[t]

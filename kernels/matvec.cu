@@ -4,8 +4,8 @@
 //                                            const float* bias, int rows, int cols,
 //                                            int nb, int accumulate,
 //                                            const float* norm_gain, float norm_eps)
-//   <fmt> : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k (the weight's
-//           GGUF type)
+//   <fmt> : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl
+//           iq4_xs (the weight's GGUF type)
 //   <NB>  : 1, 4, 8 or 16: the most activation rows the kernel handles; launch the
 //           smallest variant with NB >= nb (nb is clamped to NB)
 //   w     : rows x cols weights in the GGUF block layout, row-major (row r starts at

@@ -4,8 +4,8 @@
 // extern "C" __global__ void mmq_<fmt>_n<NT>(const u8* w, const u16* x, float* y,
 //                                            const float* bias, int rows, int cols,
 //                                            int n, int accumulate)
-//   <fmt> : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k (the weight's
-//           GGUF type)
+//   <fmt> : f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl
+//           iq4_xs (the weight's GGUF type)
 //   <NT>  : 8, 16, 32 or 64: the most activation rows the kernel handles; launch the
 //           smallest variant with NT >= n (n is clamped to NT)
 //   w     : rows x cols weights in the GGUF block layout, row-major (as matvec.cu)

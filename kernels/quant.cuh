@@ -7,7 +7,8 @@
 // e0..e0+3) and `w[4..8]` (elements e1..e1+3). Each format picks the eight weights that
 // share bytes, so a group costs a handful of small loads and no wasted bits; the two runs
 // of four keep activation reads vectorised. A row has `cols / 8` groups, and for block
-// formats the 4 (legacy) or 32 (K-quants) groups of a block cover exactly that block.
+// formats the 4 (legacy, IQ4_NL) or 32 (K-quants, IQ4_XS) groups of a block cover exactly
+// that block.
 //
 // Arithmetic follows daemon/src/quant/dequant.rs (itself ggml's) operation for operation,
 // so dequantized values are bit-identical to the CPU reference: a product followed by a
@@ -28,6 +29,8 @@
 #define W_Q4_K 12
 #define W_Q5_K 13
 #define W_Q6_K 14
+#define W_IQ4_NL 20
+#define W_IQ4_XS 23
 #define W_BF16 30
 
 struct block_q4_0 { u16 d; u8 qs[16]; };
@@ -40,6 +43,8 @@ struct block_q3_k { u8 hmask[32]; u8 qs[64]; u8 scales[12]; u16 d; };
 struct block_q4_k { u16 d; u16 dmin; u8 scales[12]; u8 qs[128]; };
 struct block_q5_k { u16 d; u16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; };
 struct block_q6_k { u8 ql[128]; u8 qh[64]; i8 scales[16]; u16 d; };
+struct block_iq4_nl { u16 d; u8 qs[16]; };
+struct block_iq4_xs { u16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]; };
 
 static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
 static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
@@ -51,6 +56,8 @@ static_assert(sizeof(block_q3_k) == 110, "Q3_K block is 110 bytes");
 static_assert(sizeof(block_q4_k) == 144, "Q4_K block is 144 bytes");
 static_assert(sizeof(block_q5_k) == 176, "Q5_K block is 176 bytes");
 static_assert(sizeof(block_q6_k) == 210, "Q6_K block is 210 bytes");
+static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
+static_assert(sizeof(block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
 
 // Elements and bytes per block; float formats are "blocks" of one element.
 template <int T> struct WTraits;
@@ -67,6 +74,8 @@ template <> struct WTraits<W_Q3_K> { static constexpr int ELEMS = 256, BYTES = 1
 template <> struct WTraits<W_Q4_K> { static constexpr int ELEMS = 256, BYTES = 144; };
 template <> struct WTraits<W_Q5_K> { static constexpr int ELEMS = 256, BYTES = 176; };
 template <> struct WTraits<W_Q6_K> { static constexpr int ELEMS = 256, BYTES = 210; };
+template <> struct WTraits<W_IQ4_NL> { static constexpr int ELEMS = 32, BYTES = 18; };
+template <> struct WTraits<W_IQ4_XS> { static constexpr int ELEMS = 256, BYTES = 136; };
 
 // a * b + c and a * b - c with two roundings, as the CPU computes them.
 static __device__ __forceinline__ float mul_add_rn(float a, float b, float c) {
@@ -95,7 +104,7 @@ static __device__ __forceinline__ void prefetch_rows_l2(const u8* w, const u8* w
 }
 
 // Four bytes at a 2-byte aligned address (blocks of 18, 22, 34, 110 or 210 bytes are only
-// 2-byte aligned, so a 32-bit load is not allowed).
+// 2-byte aligned, so a 32-bit load is not allowed; IQ4_NL's are 18).
 static __device__ __forceinline__ u32 ld4_a2(const u8* p) {
     const u16* h = (const u16*)p;
     return (u32)h[0] | ((u32)h[1] << 16);
@@ -117,6 +126,39 @@ static __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc,
 static __device__ __forceinline__ int q3_k_scale(const u8* scales, int j) {
     const int low = j < 8 ? scales[j] & 0xF : scales[j - 8] >> 4;
     const int high = (scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+// IQ4_NL's 16 non-linear levels (ggml's kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10
+// 1 13 25 38 53 69 89 113) as signed bytes, four to a word, level 0 in the low byte of
+// IQ4NL_W0: immediates, so a lookup reads no memory.
+#define IQ4NL_W0 0xBFAD9881u
+#define IQ4NL_W1 0xF6EADDCFu
+#define IQ4NL_W2 0x26190D01u
+#define IQ4NL_W3 0x71594535u
+
+// The levels of the eight nibbles of the four quant bytes in v, as signed bytes: byte i
+// of `lo` is the level of byte i's low nibble, byte i of `hi` that of its high nibble.
+// __byte_perm picks bytes of an 8-byte half-table by a nibble's low three bits (bit 3 is
+// masked off: PTX's prmt would take it for sign replication), then each nibble's bit 3
+// picks the half; eight lookups in six byte permutes.
+static __device__ __forceinline__ void iq4nl_levels(u32 v, u32& lo, u32& hi) {
+    const u32 idx = v & 0x77777777u;
+    const u32 half = 0x32103210u | ((v & 0x88888888u) >> 1);
+    // Nibbles 0..3 (bytes 0 and 1: lo0 hi0 lo1 hi1), then 4..7 (bytes 2 and 3).
+    const u32 n0 = __byte_perm(__byte_perm(IQ4NL_W0, IQ4NL_W1, idx),
+                               __byte_perm(IQ4NL_W2, IQ4NL_W3, idx), half);
+    const u32 n1 = __byte_perm(__byte_perm(IQ4NL_W0, IQ4NL_W1, idx >> 16),
+                               __byte_perm(IQ4NL_W2, IQ4NL_W3, idx >> 16), half >> 16);
+    lo = __byte_perm(n0, n1, 0x6420);
+    hi = __byte_perm(n0, n1, 0x7531);
+}
+
+// The 6-bit scale of sub-block ib (of 8) of an IQ4_XS block, offset removed: low four
+// bits in nibble ib % 2 of scales_l[ib / 2], high two bits at 2 ib of scales_h.
+static __device__ __forceinline__ int iq4_xs_scale(u16 scales_h, const u8* scales_l, int ib) {
+    const int low = (scales_l[ib >> 1] >> (4 * (ib & 1))) & 0xF;
+    const int high = (scales_h >> (2 * ib)) & 3;
     return (low | (high << 4)) - 32;
 }
 
@@ -385,6 +427,43 @@ __device__ __forceinline__ void dq8<W_Q6_K>(const u8* row, int g, float (&w)[8],
     e1 = e0 + 64;
 }
 
+// IQ4_NL: the nibbles laid out as Q4_0's (group g is quarter q = g % 4 of block g / 4),
+// each a level of the non-linear table times d.
+template <>
+__device__ __forceinline__ void dq8<W_IQ4_NL>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_iq4_nl* b = (const block_iq4_nl*)row + (g >> 2);
+    const int q = g & 3;
+    const float d = f16_to_f32(b->d);
+    u32 lo, hi;
+    iq4nl_levels(ld4_a2(b->qs + 4 * q), lo, hi);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = d * (float)(i8)((lo >> (8 * i)) & 0xFF);
+        w[4 + i] = d * (float)(i8)((hi >> (8 * i)) & 0xFF);
+    }
+    e0 = (g >> 2) * 32 + 4 * q;
+    e1 = e0 + 16;
+}
+
+// IQ4_XS: eight sub-blocks of 32, each an IQ4_NL block with a 6-bit scale in place of d
+// (dl = d (ls - 32)). Lane l = g % 32 takes sub-block ib = l / 4 and its quarter
+// q = l % 4: qs bytes 16 ib + 4q.., elements 32 ib + 4q.. and 16 further on.
+template <>
+__device__ __forceinline__ void dq8<W_IQ4_XS>(const u8* row, int g, float (&w)[8], int& e0, int& e1) {
+    const block_iq4_xs* b = (const block_iq4_xs*)row + (g >> 5);
+    const int l = g & 31, ib = l >> 2, q = l & 3;
+    const float dl = f16_to_f32(b->d) * (float)iq4_xs_scale(b->scales_h, b->scales_l, ib);
+    u32 lo, hi;
+    iq4nl_levels(ld4_a2(b->qs + 16 * ib + 4 * q), lo, hi);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[i] = dl * (float)(i8)((lo >> (8 * i)) & 0xFF);
+        w[4 + i] = dl * (float)(i8)((hi >> (8 * i)) & 0xFF);
+    }
+    e0 = (g >> 5) * 256 + 32 * ib + 4 * q;
+    e1 = e0 + 16;
+}
+
 // Expands `M(name, type_id)` once per supported weight format; entry-point files use it
 // to stamp out one kernel per format. With SPARKD_ONLY_WTYPE defined to a type id, only
 // that format's: the host compiles the largest modules one format per NVRTC program, in
@@ -459,6 +538,16 @@ __device__ __forceinline__ void dq8<W_Q6_K>(const u8* row, int g, float (&w)[8],
 #else
 #define SPARKD_W_Q6_K(M)
 #endif
+#if SPARKD_WANT_WTYPE(W_IQ4_NL)
+#define SPARKD_W_IQ4_NL(M) M(iq4_nl, W_IQ4_NL)
+#else
+#define SPARKD_W_IQ4_NL(M)
+#endif
+#if SPARKD_WANT_WTYPE(W_IQ4_XS)
+#define SPARKD_W_IQ4_XS(M) M(iq4_xs, W_IQ4_XS)
+#else
+#define SPARKD_W_IQ4_XS(M)
+#endif
 #define SPARKD_FOR_EACH_WTYPE(M) \
     SPARKD_W_F32(M) \
     SPARKD_W_F16(M) \
@@ -472,4 +561,6 @@ __device__ __forceinline__ void dq8<W_Q6_K>(const u8* row, int g, float (&w)[8],
     SPARKD_W_Q3_K(M) \
     SPARKD_W_Q4_K(M) \
     SPARKD_W_Q5_K(M) \
-    SPARKD_W_Q6_K(M)
+    SPARKD_W_Q6_K(M) \
+    SPARKD_W_IQ4_NL(M) \
+    SPARKD_W_IQ4_XS(M)

@@ -4,9 +4,10 @@
 # prints a short table.
 #
 #   1. parity: GPU against CPU on small synthetic models (every legacy and float weight
-#      format on a tiny llama, the other architectures, the Q4_K/Q6_K mix at head size
-#      64 and Q2_K and Q3_K alone at those shapes, and Llama-3-8B shapes with the mix at
-#      one layer): `sparkd gpu-parity` must report a max relative logit error < 1e-2
+#      format and IQ4_NL on a tiny llama, the other architectures, the Q4_K/Q6_K mix at
+#      head size 64 and Q2_K, Q3_K and IQ4_XS alone at those shapes, and Llama-3-8B
+#      shapes with the mix at one layer): `sparkd gpu-parity` must report a max
+#      relative logit error < 1e-2
 #      and 32 greedy steps equal to the CPU's, on the f32 paths and again on the
 #      tensor-core paths (f16 operands); the reference is the CPU forward with f32
 #      activations and exact sums (not the served CPU path, whose
@@ -177,15 +178,15 @@ if [ "$DO_PARITY" = 1 ]; then
     models+=("$(synth smoke-llama-1layer --preset tiny --layers 1)")
     steps=2
   else
-    for t in Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 F16 BF16; do
+    for t in Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL F16 BF16; do
       models+=("$(synth "tiny-llama-$t" --preset tiny --arch llama --weight-type "$t")")
     done
     models+=("$(synth tiny-qwen2 --preset tiny --arch qwen2)")
     models+=("$(synth tiny-qwen3 --preset tiny --arch qwen3)")
     models+=("$(synth small-q4_k_m --preset small)")
-    # No preset mixes in Q2_K or Q3_K, and K-quants need rows of 256: the small shapes
-    # with every layer matrix and the head in the one format.
-    for t in Q2_K Q3_K; do
+    # No preset mixes in Q2_K, Q3_K or IQ4_XS, and they need rows of 256: the small
+    # shapes with every layer matrix and the head in the one format.
+    for t in Q2_K Q3_K IQ4_XS; do
       models+=("$(synth "small-llama-$t" --preset small --weight-type "$t")")
     done
     # K-quants need rows of 256: real 8B shapes, one layer.

@@ -121,6 +121,16 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 
+// Byte n of the result is byte s<4n+2:4n> of the eight bytes {y, x} (x's low byte is
+// byte 0): CUDA's documented __byte_perm, which reads three bits of each selector nibble.
+// (PTX's prmt would take the fourth for sign replication; kernels keep it clear.)
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long in = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; ++n) r |= (unsigned)((in >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+    return r;
+}
+
 // The executing thread's coordinates. Plain globals: the scheduler below runs every
 // emulated thread on the one OS thread that called `emu::launch` and sets them before
 // it resumes each one (launches never overlap; the stand-in driver holds a lock).

@@ -52,6 +52,8 @@
     SPARKD_EMU_KERNELS_W(K, q4_k)                                              \
     SPARKD_EMU_KERNELS_W(K, q5_k)                                              \
     SPARKD_EMU_KERNELS_W(K, q6_k)                                              \
+    SPARKD_EMU_KERNELS_W(K, iq4_nl)                                            \
+    SPARKD_EMU_KERNELS_W(K, iq4_xs)                                            \
     K(gemm_f16) K(gemm_bf16) K(convert_f32_f16) K(convert_f32_bf16)            \
     K(rope_kv_write_f32) K(rope_kv_write_f16)                                  \
     K(attn_decode_f32) K(attn_decode_f16) K(attn_decode_reduce)                \

@@ -19,10 +19,12 @@ pub enum WeightType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 impl WeightType {
-    pub const ALL: [WeightType; 13] = [
+    pub const ALL: [WeightType; 15] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -36,6 +38,8 @@ impl WeightType {
         Self::Q4_K,
         Self::Q5_K,
         Self::Q6_K,
+        Self::IQ4_NL,
+        Self::IQ4_XS,
     ];
 
     /// From a GGUF/ggml type id; `None` for formats without kernels.
@@ -57,6 +61,8 @@ impl WeightType {
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -77,6 +83,8 @@ impl WeightType {
             Self::Q4_K => "q4_k",
             Self::Q5_K => "q5_k",
             Self::Q6_K => "q6_k",
+            Self::IQ4_NL => "iq4_nl",
+            Self::IQ4_XS => "iq4_xs",
         }
     }
 
@@ -84,8 +92,8 @@ impl WeightType {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
-            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K => 256,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4_NL => 32,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => 256,
         }
     }
 
@@ -297,6 +305,8 @@ mod tests {
         assert_eq!(WeightType::from_ggml_id(15), None);
         assert_eq!(WeightType::from_ggml_id(10), Some(WeightType::Q2_K));
         assert_eq!(WeightType::from_ggml_id(11), Some(WeightType::Q3_K));
+        assert_eq!(WeightType::from_ggml_id(20), Some(WeightType::IQ4_NL));
+        assert_eq!(WeightType::from_ggml_id(23), Some(WeightType::IQ4_XS));
     }
 
     #[test]
@@ -375,6 +385,9 @@ mod tests {
         assert!(WeightType::Q4_K.supports_cols(4096));
         assert!(!WeightType::Q2_K.supports_cols(576));
         assert!(WeightType::Q3_K.supports_cols(768));
+        assert!(WeightType::IQ4_NL.supports_cols(576));
+        assert!(!WeightType::IQ4_XS.supports_cols(576));
+        assert!(WeightType::IQ4_XS.supports_cols(768));
         assert!(!WeightType::F16.supports_cols(12));
         assert!(!WeightType::F16.supports_cols(0));
     }

@@ -51,7 +51,11 @@ fn random_weights(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> Ve
             let bb = t.block_bytes();
             // Offsets of the f16 scales in each block (see kernels/quant.cuh).
             let scales: &[usize] = match ty {
-                WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => &[0],
+                WeightType::Q4_0
+                | WeightType::Q5_0
+                | WeightType::Q8_0
+                | WeightType::IQ4_NL
+                | WeightType::IQ4_XS => &[0],
                 WeightType::Q2_K => &[80, 82],
                 WeightType::Q3_K => &[108],
                 WeightType::Q6_K => &[208],
@@ -347,6 +351,8 @@ fn three_matvecs_of_one_input_share_a_launch() {
         (WeightType::Q6_K, vec![5, 5, 13]),
         (WeightType::Q2_K, vec![19, 4]),
         (WeightType::Q3_K, vec![6, 17, 3]),
+        (WeightType::IQ4_NL, vec![11, 3, 20]),
+        (WeightType::IQ4_XS, vec![7, 18]),
     ] {
         let cols = cols_for(ty);
         let ws: Vec<Vec<u8>> = rows
@@ -447,6 +453,8 @@ fn matvec_walks_long_rows_in_several_strides_per_warp() {
         WeightType::Q6_K,
         WeightType::Q2_K,
         WeightType::Q3_K,
+        WeightType::IQ4_NL,
+        WeightType::IQ4_XS,
         WeightType::Q8_0,
         WeightType::BF16,
     ] {
@@ -558,6 +566,8 @@ fn tensor_core_gate_up_matmul_applies_swiglu_into_f16() {
         WeightType::Q6_K,
         WeightType::Q2_K,
         WeightType::Q3_K,
+        WeightType::IQ4_NL,
+        WeightType::IQ4_XS,
         WeightType::Q8_0,
         WeightType::F16,
     ] {

@@ -298,6 +298,43 @@ fn emulated_cuda_forward_matches_the_cpu_llama_q3_k() {
 }
 
 #[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_iq4_nl() {
+    // Blocks of 32: the tiny 64-wide shapes, with a head of its own (tied, it would be
+    // the Q8_0 embedding). Prefill on the dequantized GEMM operand, batched decode on
+    // the tensor-core mat-mul (gate and up with SwiGLU fused), the head's single
+    // prefill rows on the mat-vec: each reads IQ4_NL.
+    let mut s = one_layer(spec(Arch::Llama, GgmlType::IQ4_NL));
+    s.tied_embeddings = false;
+    let emu = check("llama IQ4_NL", &s, &plan(s.vocab_size, 4), opts(8));
+    if let Some(emu) = emu {
+        assert!(emu.launches_of("dequant_iq4_nl_f16") > 0);
+        assert!(emu.launches_of("mmq_iq4_nl_n8") > 0);
+        assert!(emu.launches_of("mmq_glu_iq4_nl_n8") > 0);
+        assert!(emu.launches_of("mmv_iq4_nl_b1") > 0);
+    }
+}
+
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_llama_iq4_xs() {
+    // Super-blocks of 256: 256-wide shapes, the head in IQ4_XS too (untied). Decode on
+    // the mat-vec, so the fused mat-vecs (gate, up and SwiGLU; q, k and v in one
+    // launch) read IQ4_XS as well.
+    let s = one_layer(spec(Arch::Llama, GgmlType::IQ4_XS));
+    let matvec_decode = CudaOptions {
+        mmq_min_tokens: usize::MAX,
+        ..opts(8)
+    };
+    let emu = check("llama IQ4_XS", &s, &plan(s.vocab_size, 4), matvec_decode);
+    if let Some(emu) = emu {
+        assert!(emu.launches_of("dequant_iq4_xs_f16") > 0);
+        assert!(emu.launches_of("mmv_glu_iq4_xs_b4") > 0);
+        assert!(emu.launches_of("mmv3_iq4_xs_b4") > 0);
+        assert!(emu.launches_of("mmv_iq4_xs_b") > 0);
+        assert_eq!(emu.launches_of("mmq_"), 0);
+    }
+}
+
+#[test]
 fn emulated_cuda_forward_matches_the_cpu_qwen2_with_biases() {
     let s = one_layer(spec(Arch::Qwen2, GgmlType::Q8_0));
     check("qwen2 Q8_0", &s, &plan(s.vocab_size, 4), opts(8));
