@@ -14,8 +14,13 @@
 //! - teacher-forced over all 32 steps of llama.cpp's trajectory: llama.cpp's token's
 //!   logprob within a tight tolerance everywhere, and the same argmax wherever the
 //!   choice is clear; a different choice only where the two engines' views of the two
-//!   tokens differ by less than two tokens' logprob noise;
-//! - free-running: the same greedy tokens up to the first near-tie.
+//!   tokens differ by less than two tokens' logprob noise.
+//!
+//! That implies the same greedy text as llama.cpp's up to its first step with a margin
+//! under that noise (`PAIR_TOL`). A tighter "first near-tie" bound (0.2 nats, once
+//! checked here) held only on the kernel table the fixtures were made beside: on
+//! AVX-512 the Q2_K/Q3_K variant flips a 0.32-nat step, and on AVX2 the IQ4 variant a
+//! 0.57-nat one whose two tokens each moved by the usual noise (0.36 and 0.21 nats).
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +29,6 @@ use sparkd::gguf::{GgufFile, GgufWriter};
 use sparkd::model::{BlockTable, Model, SeqInput, Workspace};
 use sparkd::quant::{dequantize, quantize, GgmlType};
 
-/// Below this top-1/top-2 margin (nats, in llama.cpp's figures) a step is a near-tie.
-const NEAR_TIE: f32 = 0.2;
 /// A different choice means the engines disagree on which of two tokens leads by
 /// llama.cpp's margin plus ours. Each token's logprob carries noise up to half of
 /// `LOGPROB_MAX_TOL` per engine (see below); the disagreement on a pair is the
@@ -123,11 +126,11 @@ fn sha256_hex(path: &Path) -> String {
         .collect()
 }
 
-/// Writes `src` with every `blk.N.ffn_down.weight` dequantized and requantized to Q2_K
-/// (even N) or Q3_K (odd N), everything else copied as it is. The reference quantizers
-/// are ggml's bit for bit, so this is the file llama-quantize would write for that
-/// tensor-type mix.
-fn write_k_quant_variant(src: &Path, dst: &Path) {
+/// Writes `src` with the tensors `retype` names a type for (given the name and the row
+/// length) dequantized and requantized to it, everything else copied as it is. The
+/// reference quantizers are ggml's bit for bit, so this is the file llama-quantize would
+/// write for that tensor-type mix.
+fn write_variant(src: &Path, dst: &Path, retype: impl Fn(&str, u64) -> Option<GgmlType>) {
     let file = GgufFile::load(src).expect("default model parses");
     let mut out = GgufWriter::new().with_alignment(file.alignment());
     for (key, value) in file.metadata().iter() {
@@ -135,18 +138,8 @@ fn write_k_quant_variant(src: &Path, dst: &Path) {
     }
     for t in file.tensors() {
         let data = file.tensor_data(t);
-        let layer = t
-            .name
-            .strip_prefix("blk.")
-            .and_then(|rest| rest.strip_suffix(".ffn_down.weight"))
-            .map(|n| n.parse::<usize>().expect("layer number"));
-        let (ty, bytes) = match layer {
-            Some(n) => {
-                let ty = if n % 2 == 0 {
-                    GgmlType::Q2_K
-                } else {
-                    GgmlType::Q3_K
-                };
+        let (ty, bytes) = match retype(&t.name, t.cols()) {
+            Some(ty) => {
                 let mut f = vec![0.0f32; t.n_elems() as usize];
                 dequantize(t.ty, data, &mut f).expect("tensor dequantizes");
                 let mut q = vec![0u8; ty.bytes_for(t.n_elems()).expect("whole blocks") as usize];
@@ -173,15 +166,19 @@ fn greedy_decoding_follows_llama_cpp() {
     );
 }
 
-#[test]
-fn greedy_decoding_follows_llama_cpp_with_q2_k_and_q3_k_weights() {
+/// Writes the variant `retype` describes to `name`.gguf in the test scratch folder and
+/// checks that it is the file `fixture` was made from.
+fn variant_for(
+    fixture: &Fixture,
+    name: &str,
+    retype: impl Fn(&str, u64) -> Option<GgmlType>,
+) -> Option<PathBuf> {
     let Some(src) = default_model() else {
         eprintln!("skipping: default model not found (run scripts/fetch-default-model.sh or `spark pull`)");
-        return;
+        return None;
     };
-    let fixture = fixture(include_str!("fixtures/greedy_smollm2_q2k_q3k.json"));
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-135m-ffn-q2k-q3k.gguf");
-    write_k_quant_variant(&src, &path);
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.gguf"));
+    write_variant(&src, &path, retype);
     assert_eq!(
         sha256_hex(&path),
         fixture.sha256,
@@ -189,6 +186,31 @@ fn greedy_decoding_follows_llama_cpp_with_q2_k_and_q3_k_weights() {
          rerun scripts/make-greedy-fixtures.py on it (see its header)",
         path.display()
     );
+    Some(path)
+}
+
+/// The layer of a `blk.N.<suffix>` tensor name.
+fn layer_of(name: &str, suffix: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?
+        .strip_suffix(suffix)?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn greedy_decoding_follows_llama_cpp_with_q2_k_and_q3_k_weights() {
+    let fixture = fixture(include_str!("fixtures/greedy_smollm2_q2k_q3k.json"));
+    let Some(path) = variant_for(&fixture, "smollm2-135m-ffn-q2k-q3k", |name, _| {
+        layer_of(name, ".ffn_down.weight").map(|n| {
+            if n % 2 == 0 {
+                GgmlType::Q2_K
+            } else {
+                GgmlType::Q3_K
+            }
+        })
+    }) else {
+        return;
+    };
     let file = GgufFile::load(&path).expect("variant parses");
     for ty in [GgmlType::Q2_K, GgmlType::Q3_K] {
         assert_eq!(
@@ -200,7 +222,7 @@ fn greedy_decoding_follows_llama_cpp_with_q2_k_and_q3_k_weights() {
     follows_llama_cpp(&path, &fixture);
 }
 
-/// Teacher-forced and free-running checks of the model at `path` against `fixture`.
+/// The teacher-forced checks of the model at `path` against `fixture`.
 fn follows_llama_cpp(path: &Path, fixture: &Fixture) {
     let model = Model::load(path).expect("model loads");
     let vocab = model.config.vocab_size;
@@ -219,7 +241,6 @@ fn follows_llama_cpp(path: &Path, fixture: &Fixture) {
             .unwrap();
         let mut toks = case.prompt.clone();
         let mut pos = 0;
-        let mut ours = Vec::new();
         for (step, &want) in case.expected.iter().enumerate() {
             let b = [SeqInput {
                 table: &table,
@@ -238,7 +259,6 @@ fn follows_llama_cpp(path: &Path, fixture: &Fixture) {
             }
             let logits = &*logits;
             let got = argmax(logits);
-            ours.push(got);
             let [(id1, lp1), (_, lp2)] = case.top2[step];
             assert_eq!(id1, want, "fixture is self-consistent");
             // How far llama.cpp's token is below our own top choice, in our distribution.
@@ -260,18 +280,6 @@ fn follows_llama_cpp(path: &Path, fixture: &Fixture) {
             toks.push(want);
         }
         kv.release(&mut table);
-
-        // Free-running: identical up to the first near-tie.
-        let clear = case
-            .top2
-            .iter()
-            .take_while(|s| s[0].1 - s[1].1 >= NEAR_TIE)
-            .count();
-        if ours[..clear] != case.expected[..clear] {
-            failures.push(format!(
-                "case {ci}: greedy tokens differ before the first near-tie (step {clear})"
-            ));
-        }
     }
     let mean_err = sum_err / steps as f32;
     eprintln!(
@@ -283,4 +291,39 @@ fn follows_llama_cpp(path: &Path, fixture: &Fixture) {
         ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// llama-quantize's IQ4_XS mix for this model: IQ4_XS where rows are whole 256-blocks
+/// (`ffn_down`), IQ4_NL, its fallback, for the other layer matrices.
+#[test]
+fn greedy_decoding_follows_llama_cpp_with_iq4_nl_and_iq4_xs_weights() {
+    let fixture = fixture(include_str!("fixtures/greedy_smollm2_iq4.json"));
+    let Some(path) = variant_for(&fixture, "smollm2-135m-iq4", |name, cols| {
+        let matrix =
+            name.starts_with("blk.") && name.ends_with(".weight") && !name.contains("norm");
+        let ty = if cols % 256 == 0 {
+            GgmlType::IQ4_XS
+        } else {
+            GgmlType::IQ4_NL
+        };
+        matrix.then_some(ty)
+    }) else {
+        return;
+    };
+    let file = GgufFile::load(&path).expect("variant parses");
+    assert_eq!(
+        file.tensors()
+            .iter()
+            .filter(|t| t.ty == GgmlType::IQ4_XS)
+            .count(),
+        30
+    );
+    assert_eq!(
+        file.tensors()
+            .iter()
+            .filter(|t| t.ty == GgmlType::IQ4_NL)
+            .count(),
+        180
+    );
+    follows_llama_cpp(&path, &fixture);
 }
