@@ -25,9 +25,9 @@ use crate::{
     error::ClientError,
     generation::{Generation, GenerationEvent},
     protocol::{
-        CacheReport, ClientMessage, ErrorEvent, ErrorKind, ExternalJob, GenerateRequest, Hello,
-        JobRecord, ModelInfo, OutputFormat, ServerMessage, StatusReport, TokenPiece, Welcome,
-        PROTOCOL_MAJOR, PROTOCOL_MINOR,
+        CacheReport, ClientMessage, ErrorEvent, ErrorKind, ExternalJob, GenerateOption,
+        GenerateRequest, Hello, JobRecord, ModelInfo, OutputFormat, ServerMessage, StatusReport,
+        TokenPiece, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
     },
 };
 
@@ -170,14 +170,34 @@ impl Client {
         request: GenerateRequest,
         format: OutputFormat,
     ) -> Result<Generation, ClientError> {
-        crate::limits::check_request(&request).map_err(|message| ClientError::InvalidRequest {
+        self.generate_with(request, format, Vec::new()).await
+    }
+
+    /// [`Client::generate_as`] with [`GenerateOption`]s (chat-template variables...).
+    /// Options need a daemon speaking protocol 1.7 or later (an older one gives
+    /// `VersionMismatch`, and nothing is sent); without any, the request goes as
+    /// `Generate` or `GenerateFormatted`, which older daemons take.
+    pub async fn generate_with(
+        &self,
+        request: GenerateRequest,
+        format: OutputFormat,
+        options: Vec<GenerateOption>,
+    ) -> Result<Generation, ClientError> {
+        let invalid = |message| ClientError::InvalidRequest {
             kind: ErrorKind::InvalidRequest,
             message,
-        })?;
+        };
+        crate::limits::check_request(&request).map_err(invalid)?;
+        crate::limits::check_options(&options).map_err(invalid)?;
         let id = request.id;
-        let message = match format {
-            OutputFormat::Text => ClientMessage::Generate(request),
-            format => ClientMessage::GenerateFormatted { request, format },
+        let message = match (format, options.is_empty()) {
+            (OutputFormat::Text, true) => ClientMessage::Generate(request),
+            (format, true) => ClientMessage::GenerateFormatted { request, format },
+            (format, false) => ClientMessage::GenerateWith {
+                request,
+                format,
+                options,
+            },
         };
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         self.shared

@@ -8,7 +8,9 @@ use tokio::net::UnixStream;
 use tokio_util::codec::Framed;
 
 use super::*;
-use crate::protocol::{DoneEvent, FinishReason, PromptInput, SamplingParams, TokenEvent};
+use crate::protocol::{
+    DoneEvent, FinishReason, GenerateOption, PromptInput, SamplingParams, TokenEvent,
+};
 
 type Daemon = Framed<UnixStream, MessageCodec<ClientMessage, ServerMessage>>;
 
@@ -500,6 +502,59 @@ async fn a_json_schema_is_refused_locally_by_a_1_3_daemon() {
         .expect_err("1.3 daemon");
     assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
     assert!(err.to_string().contains("1.4 can"), "{err}");
+    assert_nothing_was_sent(client, daemon).await;
+}
+
+#[tokio::test]
+async fn template_variables_are_refused_locally_by_a_1_6_daemon() {
+    let (client, daemon) = connected_minor(6).await;
+    let vars = vec![GenerateOption::TemplateVariables("{}".into())];
+    let err = client
+        .generate_with(request(1), OutputFormat::Text, vars)
+        .await
+        .map(|_| ())
+        .expect_err("1.6 daemon");
+    assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("1.7 can"), "{err}");
+    assert_nothing_was_sent(client, daemon).await;
+}
+
+#[tokio::test]
+async fn options_go_as_generate_with_and_no_options_as_before() {
+    let (client, mut daemon) = connected_minor(7).await;
+    let _plain = client
+        .generate_with(request(1), OutputFormat::Text, Vec::new())
+        .await
+        .unwrap();
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::Generate(GenerateRequest { id: 1, .. })))
+    ));
+    let vars = vec![GenerateOption::TemplateVariables(r#"{"a":1}"#.into())];
+    let _with = client
+        .generate_with(request(2), OutputFormat::JsonObject, vars.clone())
+        .await
+        .unwrap();
+    match daemon.next().await {
+        Some(Ok(ClientMessage::GenerateWith {
+            request,
+            format,
+            options,
+        })) => {
+            assert_eq!(request.id, 2);
+            assert_eq!(format, OutputFormat::JsonObject);
+            assert_eq!(options, vars);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Each kind once, and within its size: refused before anything is sent.
+    let twice = [vars.clone(), vars].concat();
+    let err = client
+        .generate_with(request(3), OutputFormat::Text, twice)
+        .await
+        .map(|_| ())
+        .expect_err("refused");
+    assert!(err.to_string().contains("given twice"), "{err}");
     assert_nothing_was_sent(client, daemon).await;
 }
 

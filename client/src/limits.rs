@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
-use crate::protocol::GenerateRequest;
+use crate::protocol::{GenerateOption, GenerateRequest};
 
 /// Stop strings per request (OpenAI allows 4).
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -21,6 +21,10 @@ pub const MAX_CHAT_MESSAGES: usize = 65_536;
 pub const MAX_TOOLS: usize = 128;
 /// Logit-bias entries per request.
 pub const MAX_LOGIT_BIAS: usize = 65_536;
+/// Options of one `GenerateWith` (each kind may appear once).
+pub const MAX_GENERATE_OPTIONS: usize = 16;
+/// Bytes of one request's chat-template variables (the JSON object's text).
+pub const MAX_TEMPLATE_VARIABLES_BYTES: usize = 64 * 1024;
 
 /// `deserialize_with` for a `Vec` of at most `N` elements: a longer list is a decoding
 /// error before anything is allocated for it.
@@ -92,6 +96,46 @@ pub fn check_request(request: &GenerateRequest) -> Result<(), String> {
         _ => {}
     }
     Ok(())
+}
+
+/// The caps on a `GenerateWith`'s options, checked by a client before it sends: at most
+/// [`MAX_GENERATE_OPTIONS`], each kind once, template variables within
+/// [`MAX_TEMPLATE_VARIABLES_BYTES`].
+pub fn check_options(options: &[GenerateOption]) -> Result<(), String> {
+    if options.len() > MAX_GENERATE_OPTIONS {
+        return Err(format!(
+            "options: {} entries, at most {MAX_GENERATE_OPTIONS} are accepted",
+            options.len()
+        ));
+    }
+    for (i, option) in options.iter().enumerate() {
+        let kind = std::mem::discriminant(option);
+        if options[..i]
+            .iter()
+            .any(|o| std::mem::discriminant(o) == kind)
+        {
+            return Err(format!("options: {} given twice", option_name(option)));
+        }
+        match option {
+            GenerateOption::TemplateVariables(json)
+                if json.len() > MAX_TEMPLATE_VARIABLES_BYTES =>
+            {
+                return Err(format!(
+                    "chat_template_kwargs: {} bytes, at most {MAX_TEMPLATE_VARIABLES_BYTES} are accepted",
+                    json.len()
+                ));
+            }
+            GenerateOption::TemplateVariables(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// How an option is named in messages (the OpenAI-side name where there is one).
+pub fn option_name(option: &GenerateOption) -> &'static str {
+    match option {
+        GenerateOption::TemplateVariables(_) => "chat_template_kwargs",
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 6;
+pub const PROTOCOL_MINOR: u16 = 7;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -63,6 +63,44 @@ pub enum ClientMessage {
         request: GenerateRequest,
         format: OutputFormat,
     },
+    /// `GenerateFormatted` with options that neither the request nor its format carry.
+    /// Since 1.7; answered like `Generate`. New options are appended to
+    /// [`GenerateOption`] (a minor version each), so no further generate message is
+    /// needed for them.
+    GenerateWith {
+        request: GenerateRequest,
+        format: OutputFormat,
+        /// At most [`MAX_GENERATE_OPTIONS`](crate::limits::MAX_GENERATE_OPTIONS), each
+        /// kind at most once.
+        #[serde(
+            deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_GENERATE_OPTIONS }>"
+        )]
+        options: Vec<GenerateOption>,
+    },
+}
+
+/// An option of [`ClientMessage::GenerateWith`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GenerateOption {
+    /// Variables for the chat template, beside the messages and tools: the text of a
+    /// JSON object whose members the template sees under their names (what vLLM and
+    /// llama-server take as `chat_template_kwargs`: Qwen 3's `enable_thinking`,
+    /// GPT-OSS's `reasoning_effort`). They override the daemon's own
+    /// `--chat-template-kwargs` member by member. Names the daemon sets itself
+    /// (`messages`, `tools`, `add_generation_prompt`, `bos_token`...) are refused, and so
+    /// is a raw prompt, which no template renders. At most
+    /// [`MAX_TEMPLATE_VARIABLES_BYTES`](crate::limits::MAX_TEMPLATE_VARIABLES_BYTES).
+    /// Since 1.7.
+    TemplateVariables(String),
+}
+
+impl GenerateOption {
+    /// The protocol minor version that introduced this option.
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            GenerateOption::TemplateVariables(_) => 7,
+        }
+    }
 }
 
 /// The form a generation's text must take.
@@ -194,6 +232,16 @@ impl ClientMessage {
             ClientMessage::GenerateFormatted { request, format } => {
                 format.since_minor().max(request.input.since_minor())
             }
+            ClientMessage::GenerateWith {
+                request,
+                format,
+                options,
+            } => options
+                .iter()
+                .map(GenerateOption::since_minor)
+                .fold(7, u16::max)
+                .max(format.since_minor())
+                .max(request.input.since_minor()),
             ClientMessage::Generate(request) => request.input.since_minor(),
             ClientMessage::Hello(_)
             | ClientMessage::Cancel { .. }
@@ -797,7 +845,7 @@ mod tests {
             ),
             (
                 ClientMessage::GenerateFormatted {
-                    request,
+                    request: request.clone(),
                     format: OutputFormat::JsonSchema {
                         schema: "{}".into(),
                     },
@@ -805,8 +853,26 @@ mod tests {
                 9,
                 4,
             ),
+            (
+                ClientMessage::GenerateWith {
+                    request,
+                    format: OutputFormat::Text,
+                    options: vec![GenerateOption::TemplateVariables("{}".into())],
+                },
+                10,
+                7,
+            ),
         ];
         check(&cases, ClientMessage::since_minor);
+    }
+
+    #[test]
+    fn generate_options_keep_their_indices() {
+        let encode = |o: &GenerateOption| postcard::to_allocvec(o).unwrap();
+        assert_eq!(
+            encode(&GenerateOption::TemplateVariables("{}".into())),
+            [0, 2, b'{', b'}']
+        );
     }
 
     #[test]

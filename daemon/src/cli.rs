@@ -112,6 +112,11 @@ pub struct ServeArgs {
     /// Chat template file replacing the model's own.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+    /// Variables every chat's template sees, as a JSON object (e.g.
+    /// '{"enable_thinking": false}' for Qwen 3); a request's own chat_template_kwargs
+    /// override them name by name.
+    #[arg(long, value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
     /// Largest accepted frame in bytes [default: 1 MiB].
     #[arg(long)]
     pub max_frame_bytes: Option<usize>,
@@ -164,6 +169,7 @@ impl ServeArgs {
             step_target_ms: self.step_target_ms.or(file.step_target_ms),
             max_per_uid: self.max_per_uid.or(file.max_per_uid),
             chat_template: self.chat_template.or(file.chat_template),
+            chat_template_kwargs: self.chat_template_kwargs.or(file.chat_template_kwargs),
             max_frame_bytes: self.max_frame_bytes.or(file.max_frame_bytes),
             keep_jobs: self.keep_jobs.or(file.keep_jobs),
             shutdown_grace: self.shutdown_grace.or(file.shutdown_grace),
@@ -373,6 +379,14 @@ mod tests {
         assert_eq!(shipped.model.as_deref(), Some("smollm2-135m-instruct"));
         assert_eq!(shipped.stall_timeout, Some(30.0));
         assert!(toml::from_str::<ServeArgs>("modle = \"x\"\n").is_err());
+        // The commented-out template variables, as a user would uncomment them.
+        let line = include_str!("../../systemd/sparkd.toml")
+            .lines()
+            .find_map(|l| l.strip_prefix("# chat_template_kwargs"))
+            .expect("documented");
+        let vars: ServeArgs = toml::from_str(&format!("chat_template_kwargs{line}")).unwrap();
+        let json = vars.chat_template_kwargs.expect("set");
+        assert!(crate::text::TemplateVars::parse(&json).is_ok(), "{json}");
     }
 
     /// `sparkd serve <args>`'s options, or clap's kind of error.

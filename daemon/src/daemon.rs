@@ -171,6 +171,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("reading chat template {}", p.display()))?,
         );
     }
+    if let Some(json) = &args.chat_template_kwargs {
+        cfg.chat_template_vars = crate::text::TemplateVars::parse(json)
+            .map_err(|e| anyhow::anyhow!("{e} (in --chat-template-kwargs)"))?;
+        // Names only: the values may be text a user wrote.
+        let names: Vec<&str> = cfg.chat_template_vars.names().collect();
+        tracing::info!(names = ?names, "chat template variables set for every chat");
+    }
     let cuda = backend::cuda::CudaOptions {
         kv_tokens: cfg.kv_tokens,
         graphs: args.cuda_graphs.unwrap_or(true),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use spark_client::protocol::ChatMessage;
 use sparkd::gguf::GgufFile;
-use sparkd::text::{ChatTemplate, Tokenizer, TokenizerSpec};
+use sparkd::text::{ChatTemplate, TemplateVars, Tokenizer, TokenizerSpec};
 
 mod support;
 
@@ -162,7 +162,7 @@ fn default_model_chat_template_renders_like_llama_cpp() {
         if add_gen {
             assert_eq!(
                 template
-                    .render_prompt(&messages(case), &tok)
+                    .render_prompt(&messages(case), &TemplateVars::default(), &tok)
                     .expect("render"),
                 got
             );
@@ -205,7 +205,9 @@ fn other_vocab_templates_render() {
             ChatMessage::new("system", "Be brief."),
             ChatMessage::new("user", "Hi"),
         ];
-        let prompt = template.render_prompt(&msgs, &tok).expect("render");
+        let prompt = template
+            .render_prompt(&msgs, &TemplateVars::default(), &tok)
+            .expect("render");
         assert!(prompt.contains(user_turn), "{file_name}: {prompt:?}");
         assert!(
             prompt.ends_with(generation_prompt),

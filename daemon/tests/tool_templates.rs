@@ -9,7 +9,7 @@ use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
 use sparkd::gguf::GgufFile;
 use sparkd::text::tools::prompt::TemplateTools;
 use sparkd::text::tools::CallSyntax;
-use sparkd::text::ChatTemplate;
+use sparkd::text::{ChatTemplate, TemplateVars};
 use support::{load_tokenizer, model_path, test_vocab_path, weather_tool, DEFAULT_MODEL};
 
 fn conversation() -> (Vec<ToolChatMessage>, Vec<ToolSpec>) {
@@ -42,7 +42,13 @@ fn render(path: &std::path::Path, show_tools: bool) -> (TemplateTools, String) {
     let tok = load_tokenizer(path);
     let (messages, tools) = conversation();
     let text = template
-        .render_tool_prompt(&messages, &tools, show_tools, &tok)
+        .render_tool_prompt(
+            &messages,
+            &tools,
+            show_tools,
+            &TemplateVars::default(),
+            &tok,
+        )
         .expect("renders");
     (template.tools(), text)
 }

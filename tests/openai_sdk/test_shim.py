@@ -405,6 +405,29 @@ def test_invalid_request_is_a_400():
         raise AssertionError("n=2 was accepted")
 
 
+def test_chat_template_kwargs_pass_through_extra_body():
+    # What vLLM and llama-server clients send for Qwen 3's `enable_thinking`.
+    answer = client.chat.completions.create(
+        model=model_id(),
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=MAX_TOKENS,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    check_usage(answer.usage, "chat_template_kwargs")
+    # A name the daemon sets itself is refused, with the name.
+    try:
+        client.chat.completions.create(
+            model=model_id(),
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"chat_template_kwargs": {"messages": []}},
+        )
+    except openai.BadRequestError as err:
+        assert err.status_code == 400
+        assert "`messages` is set by sparkd itself" in str(err), str(err)
+    else:
+        raise AssertionError("chat_template_kwargs.messages was accepted")
+
+
 TESTS = [
     test_models_list,
     test_chat_streaming_with_usage,
@@ -420,6 +443,7 @@ TESTS = [
     test_a_streamed_tool_call,
     test_a_named_tool_choice,
     test_a_tool_result_gets_a_text_answer,
+    test_chat_template_kwargs_pass_through_extra_body,
 ]
 
 

@@ -1,5 +1,6 @@
 //! End-to-end: the real `spark` binary against a real `sparkd` on a synthetic model.
 
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -944,4 +945,75 @@ fn reasoning_goes_to_stderr_and_json_reasoning_lines() {
         "{stderr:?} vs {reasoning:?}"
     );
     assert!(stderr.contains(" tok/s · 8 tokens"), "{stderr:?}");
+}
+
+/// Qwen 3's switch: the prompt opens the thinking unless `enable_thinking` is false.
+const SWITCHED_THINKING_TEMPLATE: &str = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: {% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}";
+
+/// `spark run --json`'s event kinds and whether it succeeded, with its stderr.
+fn event_kinds(socket: &Path, extra: &[&str]) -> Result<Vec<String>, String> {
+    let base = [
+        "run",
+        "--json",
+        "--max-tokens",
+        "6",
+        "--seed",
+        "5",
+        "--temperature",
+        "1",
+    ];
+    let out = spark(socket, &[&base[..], extra, &["hi"][..]].concat());
+    if !out.status.success() {
+        return Err(text(&out.stderr));
+    }
+    Ok(text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).expect("each line is JSON");
+            e["type"].as_str().unwrap().to_owned()
+        })
+        .collect())
+}
+
+#[test]
+fn chat_template_kwargs_switch_thinking_from_the_cli_and_the_daemon() {
+    let dir = TempDir::new("kwargs");
+    let template = dir.path().join("switched.jinja");
+    std::fs::write(&template, SWITCHED_THINKING_TEMPLATE).unwrap();
+    let thinks = |kinds: &[String]| kinds.iter().any(|k| k == "reasoning");
+    let off = r#"{"enable_thinking": false}"#;
+    let on = r#"{"enable_thinking": true}"#;
+
+    let d = Daemon::start(
+        &tiny_model(),
+        &["--chat-template", template.to_str().unwrap()],
+    );
+    assert!(thinks(&event_kinds(&d.socket, &[]).unwrap()));
+    let kinds = event_kinds(&d.socket, &["--chat-template-kwargs", off]).unwrap();
+    assert!(
+        !thinks(&kinds) && kinds.iter().any(|k| k == "token"),
+        "{kinds:?}"
+    );
+    // Refused before anything is sent, and by the daemon, each with what is wrong.
+    let err = event_kinds(&d.socket, &["--chat-template-kwargs", "[1]"]).unwrap_err();
+    assert!(err.contains("takes a JSON object"), "{err}");
+    let err =
+        event_kinds(&d.socket, &["--chat-template-kwargs", r#"{"messages": 1}"#]).unwrap_err();
+    assert!(err.contains("`messages` is set by sparkd itself"), "{err}");
+    drop(d);
+
+    // The daemon's default, which a request overrides.
+    let d = Daemon::start(
+        &tiny_model(),
+        &[
+            "--chat-template",
+            template.to_str().unwrap(),
+            "--chat-template-kwargs",
+            off,
+        ],
+    );
+    assert!(!thinks(&event_kinds(&d.socket, &[]).unwrap()));
+    assert!(thinks(
+        &event_kinds(&d.socket, &["--chat-template-kwargs", on]).unwrap()
+    ));
 }

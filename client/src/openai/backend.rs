@@ -4,8 +4,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use crate::protocol::{
-    CacheReport, DoneEvent, ErrorKind, ExternalJob, GenerateRequest, JobRecord, ModelInfo,
-    OutputFormat, PrefillEvent, ReasoningEvent, StatusReport, TokenEvent, ToolCallEvent,
+    CacheReport, DoneEvent, ErrorKind, ExternalJob, GenerateOption, GenerateRequest, JobRecord,
+    ModelInfo, OutputFormat, PrefillEvent, ReasoningEvent, StatusReport, TokenEvent, ToolCallEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -53,13 +53,14 @@ pub enum BackendError {
 ///
 /// Methods return boxed futures so the trait stays object safe (`Arc<dyn Backend>`).
 pub trait Backend: Send + Sync + 'static {
-    /// Starts a generation whose text takes `format`. The implementation chooses `req.id`
-    /// (whatever the caller put there is overwritten), because ids must be unique on the
-    /// daemon connection.
+    /// Starts a generation whose text takes `format`, with `options` (chat-template
+    /// variables...). The implementation chooses `req.id` (whatever the caller put there
+    /// is overwritten), because ids must be unique on the daemon connection.
     fn generate(
         &self,
         req: GenerateRequest,
         format: OutputFormat,
+        options: Vec<GenerateOption>,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>>;
     fn models(&self) -> BoxFuture<'_, Result<Vec<ModelInfo>, BackendError>>;
     fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>>;

@@ -10,7 +10,8 @@ use tokio::sync::Mutex;
 
 use super::backend::{Backend, BackendError, BackendEvent, EventStream};
 use crate::protocol::{
-    CacheReport, ExternalJob, GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport,
+    CacheReport, ExternalJob, GenerateOption, GenerateRequest, JobRecord, ModelInfo, OutputFormat,
+    StatusReport,
 };
 use crate::{Client, ClientError, GenerationEvent};
 
@@ -116,15 +117,17 @@ impl Backend for DaemonBackend {
         &self,
         req: GenerateRequest,
         format: OutputFormat,
+        options: Vec<GenerateOption>,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         Box::pin(async move {
             let generation = self
                 .with_client(|client| {
                     let mut req = req.clone();
                     let format = format.clone();
+                    let options = options.clone();
                     async move {
                         req.id = client.next_request_id();
-                        client.generate_as(req, format).await
+                        client.generate_with(req, format, options).await
                     }
                 })
                 .await?;

@@ -14,14 +14,14 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::tools::{self, ToolCallIn, ToolError, ToolIn};
 use crate::protocol::{
-    ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams, ToolChatMessage,
-    ToolChoice, ToolSpec,
+    ChatMessage, GenerateOption, GenerateRequest, OutputFormat, PromptInput, SamplingParams,
+    ToolChatMessage, ToolChoice, ToolSpec,
 };
 
 /// The daemon's cap on alternatives per token.
 const MAX_TOP_LOGPROBS: u32 = 20;
 /// More stop strings than this is a mistake, not a use case (OpenAI allows 4).
-use crate::limits::MAX_STOP_STRINGS;
+use crate::limits::{MAX_STOP_STRINGS, MAX_TEMPLATE_VARIABLES_BYTES};
 
 /// A validated request, ready for the daemon.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +35,8 @@ pub struct ParsedRequest {
     pub include_usage: bool,
     /// `response_format`: plain text, a JSON object, or one held to a JSON Schema.
     pub format: OutputFormat,
+    /// What the protocol's `GenerateWith` carries: `chat_template_kwargs`.
+    pub options: Vec<GenerateOption>,
 }
 
 /// Fields shared by `/v1/chat/completions` and `/v1/completions`.
@@ -87,6 +89,8 @@ struct ChatFields {
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
     response_format: Option<ResponseFormat>,
+    /// Variables for the chat template (vLLM's and llama-server's extension).
+    chat_template_kwargs: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -240,7 +244,33 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             messages: messages.into_iter().map(plain_message).collect(),
         }
     };
-    build(common, input, logprobs, format)
+    let options = template_kwargs(chat.chat_template_kwargs)?
+        .into_iter()
+        .collect();
+    build(common, input, logprobs, format, options)
+}
+
+/// `chat_template_kwargs`: an object (or null, meaning none), passed on as its JSON text;
+/// the daemon checks the names against the ones it sets itself.
+fn template_kwargs(value: Option<Value>) -> Result<Option<GenerateOption>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) if map.is_empty() => Ok(None),
+        Some(value @ Value::Object(_)) => {
+            let json = value.to_string();
+            if json.len() > MAX_TEMPLATE_VARIABLES_BYTES {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs".to_string(),
+                    format!("chat_template_kwargs takes at most {MAX_TEMPLATE_VARIABLES_BYTES} bytes of JSON"),
+                ));
+            }
+            Ok(Some(GenerateOption::TemplateVariables(json)))
+        }
+        Some(_) => Err(ApiError::invalid(
+            "chat_template_kwargs".to_string(),
+            "chat_template_kwargs must be an object of template variables",
+        )),
+    }
 }
 
 fn tool_error(err: ToolError) -> ApiError {
@@ -305,6 +335,7 @@ pub fn parse_completion(body: &[u8]) -> Result<ParsedRequest, ApiError> {
         },
         logprobs,
         OutputFormat::Text,
+        Vec::new(),
     )
 }
 
@@ -446,6 +477,7 @@ fn build(
     input: PromptInput,
     logprobs: Option<u8>,
     format: OutputFormat,
+    options: Vec<GenerateOption>,
 ) -> Result<ParsedRequest, ApiError> {
     if let Some(n) = common.n {
         if n != 1 {
@@ -493,6 +525,7 @@ fn build(
         stream,
         include_usage,
         format,
+        options,
     })
 }
 

@@ -686,3 +686,36 @@ fn refusals_of_arguments_do_not_repeat_them() {
     let err = chat(body).expect_err("should be refused");
     assert!(!err.message.contains("hunter2"), "{}", err.message);
 }
+
+#[test]
+fn chat_template_kwargs_become_the_template_variables_option() {
+    let with =
+        |kwargs: Value| chat(json!({"messages": user("hi"), "chat_template_kwargs": kwargs}));
+    let parsed = with(json!({"enable_thinking": false, "effort": {"level": "low"}})).unwrap();
+    let [GenerateOption::TemplateVariables(json)] = parsed.options.as_slice() else {
+        panic!("{:?}", parsed.options);
+    };
+    let vars: Value = serde_json::from_str(json).unwrap();
+    assert_eq!(
+        vars,
+        json!({"enable_thinking": false, "effort": {"level": "low"}})
+    );
+    // The input itself stays a plain chat.
+    assert!(matches!(parsed.generate.input, PromptInput::Chat { .. }));
+    // Nothing to pass: no option at all (older daemons still take the request).
+    for none in [Value::Null, json!({})] {
+        assert!(with(none).unwrap().options.is_empty());
+    }
+    assert!(chat(json!({"messages": user("hi")}))
+        .unwrap()
+        .options
+        .is_empty());
+    for bad in [json!(true), json!("enable_thinking"), json!([1])] {
+        assert_eq!(param_of(with(bad)).as_deref(), Some("chat_template_kwargs"));
+    }
+    let huge = json!({"x": "a".repeat(crate::limits::MAX_TEMPLATE_VARIABLES_BYTES)});
+    assert_eq!(
+        param_of(with(huge)).as_deref(),
+        Some("chat_template_kwargs")
+    );
+}

@@ -75,7 +75,7 @@ async fn generate(
     let logprobs = parsed.generate.logprobs.is_some();
     let mut events = state
         .backend
-        .generate(parsed.generate, parsed.format)
+        .generate(parsed.generate, parsed.format, parsed.options)
         .await?;
     // Wait for the first event before answering, so that a refusal (busy, unknown model,
     // context overflow) gets its own HTTP status instead of a 200 stream that fails at once.

@@ -100,6 +100,16 @@ pub fn client_message() -> impl Strategy<Value = ClientMessage> {
             prop_oneof![Just(OutputFormat::Text), Just(OutputFormat::JsonObject)]
         )
             .prop_map(|(request, format)| ClientMessage::GenerateFormatted { request, format }),
+        (
+            generate(),
+            prop_oneof![Just(OutputFormat::Text), Just(OutputFormat::JsonObject)],
+            vec(text().prop_map(GenerateOption::TemplateVariables), 0..3),
+        )
+            .prop_map(|(request, format, options)| ClientMessage::GenerateWith {
+                request,
+                format,
+                options,
+            }),
     ]
 }
 

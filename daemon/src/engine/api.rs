@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use spark_client::protocol::{
-    CacheReport, ErrorEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo,
-    OutputFormat, ServerMessage, StatusReport, TokenPiece,
+    CacheReport, ErrorEvent, ExternalJob, FinishReason, GenerateOption, GenerateRequest, JobRecord,
+    ModelInfo, OutputFormat, ServerMessage, StatusReport, TokenPiece,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -27,6 +27,8 @@ pub struct Submission {
     pub client: ClientInfo,
     pub request: GenerateRequest,
     pub format: OutputFormat,
+    /// The request's options (`GenerateWith`, protocol 1.7): chat-template variables.
+    pub options: Vec<GenerateOption>,
     /// The client takes a thinking model's reasoning apart from its answer
     /// (`ServerMessage::Reasoning`, protocol 1.6): chat answers are split.
     pub split_reasoning: bool,

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
+use spark_client::limits::MAX_TEMPLATE_VARIABLES_BYTES;
 use spark_client::protocol::{
-    CacheReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateRequest, JobRecord,
-    ModelInfo, OutputFormat, PromptInput, StatusReport, TokenPiece,
+    CacheReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateOption, GenerateRequest,
+    JobRecord, ModelInfo, OutputFormat, PromptInput, StatusReport, TokenPiece,
 };
 
 use crate::backend::{Backend, CpuBackend, DeviceReport};
@@ -22,7 +23,8 @@ use crate::text::schema::Schema;
 use crate::text::tools::watch::CallWatcher;
 use crate::text::tools::{CallMode, CallSyntax, ToolSet, CALL_OPEN};
 use crate::text::{
-    sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TextError, Tokenizer, TokenizerSpec,
+    sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TemplateVars, TextError, Tokenizer,
+    TokenizerSpec,
 };
 
 use super::api::{ClientInfo, ConnId, Engine, Submission};
@@ -52,6 +54,9 @@ pub struct EngineConfig {
     pub keep_jobs: usize,
     /// Replaces the model's own chat template.
     pub chat_template: Option<String>,
+    /// Variables every chat's template sees (`--chat-template-kwargs`); a request's own
+    /// override them name by name.
+    pub chat_template_vars: TemplateVars,
     /// Reuse the KV blocks of earlier prompts that start the same way.
     pub prefix_cache: bool,
     /// How long a step carrying decodes should take (prompt chunks are sized to it);
@@ -72,6 +77,7 @@ impl EngineConfig {
             max_per_uid: None,
             keep_jobs: 1000,
             chat_template: None,
+            chat_template_vars: TemplateVars::default(),
             prefix_cache: true,
             step_target: Some(Duration::from_millis(DEFAULT_STEP_TARGET_MS)),
         }
@@ -129,6 +135,39 @@ fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
         kind,
         message: message.into(),
     }
+}
+
+/// The template variables a submission's options give (none without the option).
+fn request_template_vars(sub: &Submission) -> Result<TemplateVars, ErrorEvent> {
+    let id = sub.request.id;
+    let mut vars = None;
+    for option in &sub.options {
+        match option {
+            GenerateOption::TemplateVariables(_) if vars.is_some() => {
+                return Err(invalid(
+                    id,
+                    ErrorKind::InvalidRequest,
+                    "chat_template_kwargs: given twice",
+                ));
+            }
+            GenerateOption::TemplateVariables(json) => {
+                if json.len() > MAX_TEMPLATE_VARIABLES_BYTES {
+                    return Err(invalid(
+                        id,
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "chat_template_kwargs: {} bytes, at most {MAX_TEMPLATE_VARIABLES_BYTES} are accepted",
+                            json.len()
+                        ),
+                    ));
+                }
+                let parsed = TemplateVars::parse(json)
+                    .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
+                vars = Some(parsed);
+            }
+        }
+    }
+    Ok(vars.unwrap_or_default())
 }
 
 impl EngineHandle {
@@ -273,10 +312,12 @@ impl EngineHandle {
 
     /// Turns a request into prompt tokens, or says exactly what is wrong with it. With
     /// `tools` forcing a call, the prompt ends with the call's opening tag.
+    /// `request_vars` are the request's own template variables, over the daemon's.
     pub fn prompt_tokens(
         &self,
         req: &GenerateRequest,
         tools: Option<&ToolSet>,
+        request_vars: &TemplateVars,
     ) -> Result<Prompt, ErrorEvent> {
         let id = req.id;
         let template = || {
@@ -290,6 +331,7 @@ impl EngineHandle {
         };
         let template_error =
             |e: TextError| invalid(id, ErrorKind::InvalidRequest, format!("chat template: {e}"));
+        let vars = self.config.chat_template_vars.overridden_by(request_vars);
         let no_messages = || {
             invalid(
                 id,
@@ -303,7 +345,7 @@ impl EngineHandle {
                     return Err(no_messages());
                 }
                 let text = template()?
-                    .render_prompt(messages, &self.tokenizer)
+                    .render_prompt(messages, &vars, &self.tokenizer)
                     .map_err(template_error)?;
                 Ok(self.chat_prompt(&text))
             }
@@ -316,7 +358,7 @@ impl EngineHandle {
                     return Err(no_messages());
                 }
                 let mut text = template()?
-                    .render_tool_prompt(messages, specs, tools.is_some(), &self.tokenizer)
+                    .render_tool_prompt(messages, specs, tools.is_some(), &vars, &self.tokenizer)
                     .map_err(template_error)?;
                 // The Llama syntax has no tag: the answer is the call.
                 if tools
@@ -327,6 +369,11 @@ impl EngineHandle {
                 }
                 Ok(self.chat_prompt(&text))
             }
+            PromptInput::Raw { .. } if !request_vars.is_empty() => Err(invalid(
+                id,
+                ErrorKind::InvalidRequest,
+                "chat_template_kwargs: a raw prompt is used as it is, no chat template renders it",
+            )),
             PromptInput::Raw { text, special } => Ok(Prompt {
                 tokens: self.tokenizer.encode(text, true, *special),
                 chat: false,
@@ -416,7 +463,7 @@ impl EngineHandle {
             }
             _ => None,
         };
-        let prompt = self.prompt_tokens(req, tools.as_ref())?;
+        let prompt = self.prompt_tokens(req, tools.as_ref(), &request_template_vars(&sub)?)?;
         // A thinking model's reasoning is split from a chat's free answer: not from
         // JSON output or a forced call, which are held to their syntax from the start.
         let reasoning = (sub.split_reasoning

@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use spark_client::limits::MAX_TEMPLATE_VARIABLES_BYTES;
 use spark_client::protocol::{
-    CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateRequest, OutputFormat, PrefillEvent,
-    PromptInput, SamplingParams, ServerMessage,
+    CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateOption, GenerateRequest, OutputFormat,
+    PrefillEvent, PromptInput, SamplingParams, ServerMessage,
 };
 
 use super::{ClientInfo, Engine, EngineConfig, EngineHandle, Submission};
@@ -15,6 +16,7 @@ use crate::backend::{Backend, BackendError, CpuBackend, DeviceReport, HostThread
 use crate::gguf::GgufFile;
 use crate::model::synth::{synth_gguf, SynthSpec};
 use crate::model::{BlockPool, Model, SeqInput, BLOCK_TOKENS};
+use crate::text::TemplateVars;
 
 /// The CPU backend, counting the tokens that forward steps compute and noting each
 /// step's shape. With `cost_per_token`, a step reports that much per token as its
@@ -172,6 +174,7 @@ fn submit_request(
         conn: 1,
         client: ClientInfo::default(),
         request,
+        options: Vec::new(),
         split_reasoning: true,
         arrived: Instant::now(),
         events: tx,
@@ -643,6 +646,7 @@ fn a_schema_that_cannot_be_enforced_is_refused_before_anything_runs() {
             conn: 1,
             client: ClientInfo::default(),
             request,
+            options: Vec::new(),
             split_reasoning: true,
             arrived: Instant::now(),
             events: tx,
@@ -873,6 +877,16 @@ const THINKING_TEMPLATE: &str =
 /// A seeded chat generation; its reasoning (the `Reasoning` events' text) and its
 /// tokens' text, checking that each `Reasoning` event comes right before a `Token`.
 fn chat_parts(engine: &EngineHandle, id: u64, split_reasoning: bool) -> (String, String) {
+    chat_parts_with(engine, id, split_reasoning, Vec::new()).expect("accepted")
+}
+
+/// [`chat_parts`] with the request's options, or the engine's refusal.
+fn chat_parts_with(
+    engine: &EngineHandle,
+    id: u64,
+    split_reasoning: bool,
+    options: Vec<GenerateOption>,
+) -> Result<(String, String), spark_client::protocol::ErrorEvent> {
     use spark_client::protocol::ChatMessage;
     let request = GenerateRequest {
         id,
@@ -890,17 +904,16 @@ fn chat_parts(engine: &EngineHandle, id: u64, split_reasoning: bool) -> (String,
         logprobs: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    engine
-        .submit(Submission {
-            format: OutputFormat::Text,
-            conn: 1,
-            client: ClientInfo::default(),
-            request,
-            split_reasoning,
-            arrived: Instant::now(),
-            events: tx,
-        })
-        .expect("accepted");
+    engine.submit(Submission {
+        format: OutputFormat::Text,
+        conn: 1,
+        client: ClientInfo::default(),
+        request,
+        options,
+        split_reasoning,
+        arrived: Instant::now(),
+        events: tx,
+    })?;
     let (mut reasoning, mut text, mut after_reasoning) = (String::new(), String::new(), false);
     while let Some(msg) = rx.blocking_recv() {
         match msg {
@@ -917,7 +930,7 @@ fn chat_parts(engine: &EngineHandle, id: u64, split_reasoning: bool) -> (String,
             ServerMessage::Done(done) => {
                 assert_eq!(done.usage.completion_tokens, 24);
                 assert!(!after_reasoning, "a Reasoning event without its Token");
-                return (reasoning, text);
+                return Ok((reasoning, text));
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -948,4 +961,113 @@ fn reasoning_goes_apart_only_for_clients_that_split_it() {
     let (plain, _) = engine(true);
     let (reasoning, answer) = chat_parts(&plain, 3, true);
     assert!(reasoning.is_empty() && !answer.is_empty(), "{reasoning:?}");
+}
+
+/// A template with Qwen 3's switch: thinking opened in the prompt unless the caller sets
+/// `enable_thinking` to false, which writes an empty, closed thinking block instead.
+const SWITCHED_THINKING_TEMPLATE: &str = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: {% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}";
+
+fn template_vars(json: &str) -> Vec<GenerateOption> {
+    vec![GenerateOption::TemplateVariables(json.into())]
+}
+
+#[test]
+fn template_variables_switch_a_models_thinking_per_request_and_by_default() {
+    let config = EngineConfig {
+        chat_template: Some(SWITCHED_THINKING_TEMPLATE.into()),
+        ..EngineConfig::new("tiny")
+    };
+    let (engine, _) = engine_with(config.clone(), 64, None);
+    // The template opens the thinking: the random model never closes it, so the
+    // whole answer is reasoning.
+    let (reasoning, answer) = chat_parts(&engine, 1, true);
+    assert!(!reasoning.is_empty() && answer.is_empty(), "{answer:?}");
+    // Thinking switched off for this request: the prompt closed it, all is answer.
+    let off = chat_parts_with(
+        &engine,
+        2,
+        true,
+        template_vars(r#"{"enable_thinking": false}"#),
+    )
+    .expect("accepted");
+    assert!(off.0.is_empty() && !off.1.is_empty(), "{off:?}");
+
+    // The daemon's default switches it off for every chat; a request turns it back on.
+    let config = EngineConfig {
+        chat_template_vars: TemplateVars::parse(r#"{"enable_thinking": false}"#).unwrap(),
+        ..config
+    };
+    let (engine, _) = engine_with(config, 64, None);
+    let (reasoning, answer) = chat_parts(&engine, 3, true);
+    assert!(reasoning.is_empty() && !answer.is_empty(), "{reasoning:?}");
+    let on = chat_parts_with(
+        &engine,
+        4,
+        true,
+        template_vars(r#"{"enable_thinking": true}"#),
+    )
+    .expect("accepted");
+    assert!(!on.0.is_empty() && on.1.is_empty(), "{on:?}");
+}
+
+#[test]
+fn bad_template_variables_are_refused_with_what_is_wrong() {
+    let config = EngineConfig {
+        chat_template: Some(SWITCHED_THINKING_TEMPLATE.into()),
+        ..EngineConfig::new("tiny")
+    };
+    let (engine, _) = engine_with(config, 64, None);
+    let refused = |options| chat_parts_with(&engine, 9, true, options).expect_err("refused");
+    for (json, says) in [
+        ("[true]", "must be a JSON object"),
+        ("{\"enable_thinking\": fal", "not JSON"),
+        (r#"{"messages": []}"#, "`messages` is set by sparkd itself"),
+        (
+            r#"{"add_generation_prompt": false}"#,
+            "`add_generation_prompt` is set by sparkd",
+        ),
+    ] {
+        let err = refused(template_vars(json));
+        assert_eq!(err.kind, ErrorKind::InvalidRequest, "{json}");
+        assert_eq!(err.id, Some(9));
+        assert!(
+            err.message.starts_with("chat_template_kwargs: "),
+            "{}",
+            err.message
+        );
+        assert!(err.message.contains(says), "{json}: {}", err.message);
+    }
+    let mut twice = template_vars("{}");
+    twice.extend(template_vars("{}"));
+    assert!(refused(twice).message.contains("given twice"));
+    let huge = format!(r#"{{"x": "{}"}}"#, "a".repeat(MAX_TEMPLATE_VARIABLES_BYTES));
+    assert!(refused(template_vars(&huge)).message.contains("at most"));
+
+    // A raw prompt has no template to give them to.
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let raw = engine
+        .submit(Submission {
+            format: OutputFormat::Text,
+            conn: 1,
+            client: ClientInfo::default(),
+            request: GenerateRequest {
+                id: 10,
+                model: None,
+                input: PromptInput::Raw {
+                    text: "x".into(),
+                    special: false,
+                },
+                sampling: SamplingParams::default(),
+                max_tokens: Some(2),
+                stop: Vec::new(),
+                logprobs: None,
+            },
+            options: template_vars(r#"{"enable_thinking": false}"#),
+            split_reasoning: true,
+            arrived: Instant::now(),
+            events: tx,
+        })
+        .expect_err("refused");
+    assert_eq!(raw.kind, ErrorKind::InvalidRequest);
+    assert!(raw.message.contains("raw prompt"), "{}", raw.message);
 }

@@ -17,8 +17,8 @@ use futures::{FutureExt, SinkExt, StreamExt};
 use spark_client::{
     codec::{CodecError, MessageCodec},
     protocol::{
-        ClientMessage, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, Hello, OutputFormat,
-        PromptInput, ServerMessage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+        ClientMessage, ErrorEvent, ErrorKind, FinishReason, GenerateOption, GenerateRequest, Hello,
+        OutputFormat, PromptInput, ServerMessage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
     },
 };
 use tokio::{
@@ -299,10 +299,17 @@ impl Connection {
                     "Hello was already sent on this connection",
                 ));
             }
-            ClientMessage::Generate(request) => self.generate(request, OutputFormat::Text, arrived),
-            ClientMessage::GenerateFormatted { request, format } => {
-                self.generate(request, format, arrived)
+            ClientMessage::Generate(request) => {
+                self.generate(request, OutputFormat::Text, Vec::new(), arrived)
             }
+            ClientMessage::GenerateFormatted { request, format } => {
+                self.generate(request, format, Vec::new(), arrived)
+            }
+            ClientMessage::GenerateWith {
+                request,
+                format,
+                options,
+            } => self.generate(request, format, options, arrived),
             ClientMessage::Cancel { id } => {
                 if self.running.contains(&id) {
                     self.engine.cancel(self.conn, id, FinishReason::Cancelled);
@@ -344,7 +351,13 @@ impl Connection {
         Ok(())
     }
 
-    fn generate(&mut self, request: GenerateRequest, format: OutputFormat, arrived: Instant) {
+    fn generate(
+        &mut self,
+        request: GenerateRequest,
+        format: OutputFormat,
+        options: Vec<GenerateOption>,
+        arrived: Instant,
+    ) {
         let id = request.id;
         if self.draining {
             self.reply(request_error(
@@ -369,6 +382,7 @@ impl Connection {
             client: self.client,
             request,
             format,
+            options,
             // Older clients could not decode a `Reasoning` event: their reasoning stays
             // in the tokens' text.
             split_reasoning: ServerMessage::Reasoning(Default::default()).since_minor()

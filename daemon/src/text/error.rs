@@ -24,6 +24,8 @@ pub enum TextError {
     TemplateSyntax(String),
     #[error("chat template failed to render: {0}")]
     TemplateRender(String),
+    #[error("chat_template_kwargs: {0}")]
+    TemplateVariables(String),
     #[error("invalid sampling parameter {field}: {message}")]
     InvalidSampling {
         field: &'static str,

@@ -13,7 +13,7 @@ use spark_client::protocol::{ChatMessage, ToolCall, ToolChatMessage, ToolSpec};
 use super::template_compat::{self as compat, merge_system_messages};
 use super::tools::prompt::{template_inputs, TemplateInputs, TemplateTools};
 use super::tools::CallSyntax;
-use super::{TextError, Tokenizer};
+use super::{TemplateVars, TextError, Tokenizer};
 
 const NAME: &str = "chat_template";
 
@@ -109,7 +109,8 @@ impl ChatTemplate {
         const NEEDLE: &str = "<System message 7f3a>";
         let user = serde_json::json!({"role": "user", "content": "User message"});
         let system = serde_json::json!({"role": "system", "content": NEEDLE});
-        let render = |messages| self.render_values(messages, None, true, ("", ""));
+        let none = TemplateVars::default();
+        let render = |messages| self.render_values(messages, None, &none, true, ("", ""));
         if render(vec![user.clone()]).is_err() {
             return true;
         }
@@ -147,6 +148,7 @@ impl ChatTemplate {
         self.render_values(
             plain_messages(messages),
             None,
+            &TemplateVars::default(),
             add_generation_prompt,
             (bos_token, eos_token),
         )
@@ -167,6 +169,7 @@ impl ChatTemplate {
         self.render_values(
             messages,
             tools,
+            &TemplateVars::default(),
             add_generation_prompt,
             (bos_token, eos_token),
         )
@@ -176,6 +179,7 @@ impl ChatTemplate {
         &self,
         mut messages: Vec<serde_json::Value>,
         tools: Option<Vec<serde_json::Value>>,
+        vars: &TemplateVars,
         add_generation_prompt: bool,
         (bos_token, eos_token): (&str, &str),
     ) -> Result<String, TextError> {
@@ -187,7 +191,7 @@ impl ChatTemplate {
             .get_template(NAME)
             .map_err(|e| TextError::TemplateRender(describe(&e)))?;
         let (datetime, date_string) = compat::dates(&chrono::Local::now());
-        let ctx = minijinja::context! {
+        let engine_vars = minijinja::context! {
             messages => Value::from_serialize(&messages),
             // SmolLM3's template reads its tools from `xml_tools`.
             xml_tools => tools.as_ref().map(Value::from_serialize),
@@ -195,22 +199,27 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
-            datetime => datetime,
-            date_string => date_string,
         };
+        // Later maps win: the caller's variables may set the dates, not the engine's own.
+        let ctx = minijinja::value::merge_maps([
+            minijinja::context! { datetime => datetime, date_string => date_string },
+            Value::from_serialize(vars.as_map()),
+            engine_vars,
+        ]);
         tmpl.render(ctx)
             .map_err(|e| TextError::TemplateRender(describe(&e)))
     }
 
     /// The prompt for a chat request, as llama.cpp's server builds it: generation prompt
     /// added, and a leading BOS text removed when the tokenizer adds BOS itself (so the
-    /// prompt does not start with two).
+    /// prompt does not start with two). `vars` are the template's extra variables.
     pub fn render_prompt(
         &self,
         messages: &[ChatMessage],
+        vars: &TemplateVars,
         tokenizer: &Tokenizer,
     ) -> Result<String, TextError> {
-        self.prompt_of(plain_messages(messages), None, tokenizer)
+        self.prompt_of(plain_messages(messages), None, vars, tokenizer)
     }
 
     /// The prompt for a chat with tools (see [`super::tools::prompt`]); `show_tools`
@@ -220,23 +229,25 @@ impl ChatTemplate {
         messages: &[ToolChatMessage],
         tools: &[ToolSpec],
         show_tools: bool,
+        vars: &TemplateVars,
         tokenizer: &Tokenizer,
     ) -> Result<String, TextError> {
         let TemplateInputs { messages, tools } =
             template_inputs(self.tools, messages, tools, show_tools);
-        self.prompt_of(messages, tools, tokenizer)
+        self.prompt_of(messages, tools, vars, tokenizer)
     }
 
     fn prompt_of(
         &self,
         messages: Vec<serde_json::Value>,
         tools: Option<Vec<serde_json::Value>>,
+        vars: &TemplateVars,
         tokenizer: &Tokenizer,
     ) -> Result<String, TextError> {
         let text_of = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap_or("");
         let bos = text_of(tokenizer.bos());
         let mut prompt =
-            self.render_values(messages, tools, true, (bos, text_of(tokenizer.eos())))?;
+            self.render_values(messages, tools, vars, true, (bos, text_of(tokenizer.eos())))?;
         if tokenizer.add_bos() && !bos.is_empty() && prompt.starts_with(bos) {
             prompt.drain(..bos.len());
         }
@@ -401,6 +412,56 @@ mod tests {
         );
         let out = t.render(&msgs(&[("user", "Hi")]), false, "", "").unwrap();
         assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
+    }
+
+    /// Renders one user message `Hi` with `vars` (JSON) and the generation prompt.
+    fn render_with_vars(source: &str, vars: &str) -> String {
+        let t = ChatTemplate::new(source).unwrap();
+        let vars = TemplateVars::parse(vars).unwrap();
+        t.render_values(
+            plain_messages(&msgs(&[("user", "Hi")])),
+            None,
+            &vars,
+            true,
+            ("", ""),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn template_variables_reach_the_template() {
+        // Qwen 3's switch, as its template writes it.
+        let qwen3 = "{{ messages[0]['content'] }}|{%- if add_generation_prompt %}{{- 'A:' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}";
+        assert_eq!(render_with_vars(qwen3, "{}"), "Hi|A:");
+        assert_eq!(
+            render_with_vars(qwen3, r#"{"enable_thinking": false}"#),
+            "Hi|A:<think>\n\n</think>\n\n"
+        );
+        assert_eq!(
+            render_with_vars(qwen3, r#"{"enable_thinking": true}"#),
+            "Hi|A:"
+        );
+        // Any JSON value, nested ones too.
+        let effort = "{{ reasoning_effort }} {{ opts.level }} {{ opts.tags | join(',') }}";
+        assert_eq!(
+            render_with_vars(
+                effort,
+                r#"{"reasoning_effort": "low", "opts": {"level": 2, "tags": ["a", "b"]}}"#
+            ),
+            "low 2 a,b"
+        );
+    }
+
+    #[test]
+    fn template_variables_are_data_and_may_set_the_date() {
+        let t = "{{ note }} / {{ date_string }}";
+        assert_eq!(
+            render_with_vars(t, r#"{"note": "{{ 7*7 }}", "date_string": "01 Jan 2030"}"#),
+            "{{ 7*7 }} / 01 Jan 2030"
+        );
+        // Without one, today's date as llama.cpp writes it.
+        let today = chrono::Local::now().format("%d %b %Y").to_string();
+        assert_eq!(render_with_vars("{{ date_string }}", "{}"), today);
     }
 
     #[test]

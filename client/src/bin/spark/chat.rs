@@ -32,6 +32,7 @@ pub struct Args {
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let format = args.request.output_format()?;
     let tools = args.request.tool_set()?;
+    let options = args.request.options()?;
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
         client = connect::connect(global, Autostart::Allowed) => client?,
@@ -88,7 +89,10 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                 global.requested_model(),
                 args.request.chat(&turns, tools.as_ref()),
             );
-            let answer = match client.generate_as(request, format.clone()).await {
+            let answer = match client
+                .generate_with(request, format.clone(), options.clone())
+                .await
+            {
                 Ok(generation) => stream::stream(generation, Mode::Text, &mut interrupts).await,
                 Err(err) => Err(err.into()),
             };

@@ -2,8 +2,8 @@
 
 use anyhow::Context;
 use spark_client::protocol::{
-    ChatMessage, GenerateRequest, OutputFormat, PromptInput, SamplingParams, ToolChatMessage,
-    ToolChoice, ToolSpec,
+    ChatMessage, GenerateOption, GenerateRequest, OutputFormat, PromptInput, SamplingParams,
+    ToolChatMessage, ToolChoice, ToolSpec,
 };
 
 use crate::exit::Usage;
@@ -51,6 +51,10 @@ pub struct RequestArgs {
     /// [default: auto]
     #[arg(long, value_name = "CHOICE", requires = "tools")]
     pub tool_choice: Option<String>,
+    /// Variables for the model's chat template, as a JSON object, e.g.
+    /// '{"enable_thinking": false}' to keep Qwen 3 from thinking
+    #[arg(long, value_name = "JSON")]
+    pub chat_template_kwargs: Option<String>,
 }
 
 /// The functions offered (`--tools`) and how the model may call them (`--tool-choice`).
@@ -125,6 +129,26 @@ impl RequestArgs {
             })?,
         };
         Ok(Some(ToolSet { tools, choice }))
+    }
+
+    /// The request's options: `--chat-template-kwargs`, checked to be a JSON object
+    /// (a usage error otherwise; the daemon checks the names).
+    pub fn options(&self) -> anyhow::Result<Vec<GenerateOption>> {
+        let Some(json) = &self.chat_template_kwargs else {
+            return Ok(Vec::new());
+        };
+        match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(serde_json::Value::Object(map)) if map.is_empty() => Ok(Vec::new()),
+            Ok(serde_json::Value::Object(_)) => {
+                Ok(vec![GenerateOption::TemplateVariables(json.clone())])
+            }
+            Ok(_) => Err(Usage(
+                "--chat-template-kwargs takes a JSON object, e.g. '{\"enable_thinking\": false}'"
+                    .into(),
+            )
+            .into()),
+            Err(err) => Err(Usage(format!("--chat-template-kwargs is not JSON: {err}")).into()),
+        }
     }
 
     pub fn sampling(&self) -> SamplingParams {

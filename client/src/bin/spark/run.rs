@@ -25,7 +25,7 @@ pub struct Args {
     #[command(flatten)]
     pub request: RequestArgs,
     /// Send the prompt as is, without the chat template, parsing special tokens
-    #[arg(long, conflicts_with_all = ["system", "tools"])]
+    #[arg(long, conflicts_with_all = ["system", "tools", "chat_template_kwargs"])]
     pub raw: bool,
     /// One JSON object per line per event, and no stats line
     #[arg(long)]
@@ -36,6 +36,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let prompt = read_prompt(args.prompt.as_deref())?;
     let format = args.request.output_format()?;
     let tools = args.request.tool_set()?;
+    let options = args.request.options()?;
     // From here on Ctrl-C is ours: it cancels instead of killing the process.
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
@@ -55,7 +56,9 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let request = args
         .request
         .request(client.next_request_id(), global.requested_model(), input);
-    let generation = client.generate_as(request, format.clone()).await?;
+    let generation = client
+        .generate_with(request, format.clone(), options)
+        .await?;
     let mode = if args.json { Mode::Json } else { Mode::Text };
     let outcome = stream::stream(generation, mode, &mut interrupts).await?;
 

@@ -19,9 +19,9 @@ use super::fake::{model_info, status_report, timings_for};
 use crate::codec::MessageCodec;
 use crate::openai::{bind, router, serve, DaemonBackend, RouterOptions};
 use crate::protocol::{
-    ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateRequest, OutputFormat,
-    PromptInput, ServerMessage, TokenEvent, ToolCall, ToolCallEvent, ToolChatMessage, ToolChoice,
-    ToolSpec, Usage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateOption, GenerateRequest,
+    OutputFormat, PromptInput, ServerMessage, TokenEvent, ToolCall, ToolCallEvent, ToolChatMessage,
+    ToolChoice, ToolSpec, Usage, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 
 const PIECES: &[&str] = &["Bon", "jour"];
@@ -34,6 +34,8 @@ struct Seen {
     formats: Mutex<Vec<OutputFormat>>,
     /// The input of each generation, as the daemon received it.
     inputs: Mutex<Vec<PromptInput>>,
+    /// The options of each `GenerateWith`.
+    options: Mutex<Vec<Vec<GenerateOption>>>,
     /// The protocol minor the daemon announces, when older than this crate's.
     old_minor: Option<u16>,
     cancel_notify: Notify,
@@ -110,6 +112,11 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                         None
                     }
                     ClientMessage::GenerateFormatted { request, format } => {
+                        start(&seen, &mut hanging, request, format, &out_tx);
+                        None
+                    }
+                    ClientMessage::GenerateWith { request, format, options } => {
+                        seen.options.lock().unwrap().push(options);
                         start(&seen, &mut hanging, request, format, &out_tx);
                         None
                     }
@@ -321,6 +328,18 @@ async fn generations_reach_the_daemon_through_the_real_client() {
             OutputFormat::Text,
             OutputFormat::JsonObject
         ]
+    );
+    // Chat-template variables go as `GenerateWith`, the others as before.
+    assert!(daemon.seen.options.lock().unwrap().is_empty());
+    let mut body = chat("hi", false);
+    body["chat_template_kwargs"] = serde_json::json!({"enable_thinking": false});
+    let (status, text) = post_chat(&base, &body).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        *daemon.seen.options.lock().unwrap(),
+        [vec![GenerateOption::TemplateVariables(
+            r#"{"enable_thinking":false}"#.into()
+        )]]
     );
     // One shared connection for everything.
     assert_eq!(daemon.seen.connections.load(Ordering::SeqCst), 1);

@@ -13,9 +13,9 @@ use crate::openai::{
     bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
 };
 use crate::protocol::{
-    CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateRequest, JobRecord, ModelInfo,
-    OutputFormat, PrefillEvent, PromptInput, ReasoningEvent, StatusReport, Timings, TokenEvent,
-    TokenLogprobs, ToolCall, ToolCallEvent, ToolChoice, ToolSpec, Usage,
+    CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateOption, GenerateRequest, JobRecord,
+    ModelInfo, OutputFormat, PrefillEvent, PromptInput, ReasoningEvent, StatusReport, Timings,
+    TokenEvent, TokenLogprobs, ToolCall, ToolCallEvent, ToolChoice, ToolSpec, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -55,6 +55,8 @@ pub struct FakeBackend {
     pub requests: Mutex<Vec<GenerateRequest>>,
     /// The output format of each of them.
     pub formats: Mutex<Vec<OutputFormat>>,
+    /// The options of each of them.
+    pub options: Mutex<Vec<Vec<GenerateOption>>>,
     /// Generations dropped before their `Done` (what cancels the job in the real daemon).
     pub cancelled: AtomicUsize,
     pub cancelled_notify: Notify,
@@ -67,6 +69,7 @@ impl FakeBackend {
             next_id: AtomicU64::new(1),
             requests: Mutex::new(Vec::new()),
             formats: Mutex::new(Vec::new()),
+            options: Mutex::new(Vec::new()),
             cancelled: AtomicUsize::new(0),
             cancelled_notify: Notify::new(),
         })
@@ -342,12 +345,14 @@ impl Backend for SharedFake {
         &self,
         mut req: GenerateRequest,
         format: OutputFormat,
+        options: Vec<GenerateOption>,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         Box::pin(async move {
             let fake = &self.0;
             req.id = fake.next_id.fetch_add(1, Ordering::SeqCst);
             fake.requests.lock().unwrap().push(req.clone());
             fake.formats.lock().unwrap().push(format);
+            fake.options.lock().unwrap().push(options);
             if let Some(model) = &req.model {
                 if model != MODEL {
                     let err = BackendError::Rejected {

@@ -8,7 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ASSETS, CONTENT_SECURITY_POLICY as CSP, INDEX};
 use crate::openai::{bind, router, serve, Backend, BackendError, EventStream, RouterOptions};
-use crate::protocol::{GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport};
+use crate::protocol::{
+    GenerateOption, GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport,
+};
 
 /// No daemon at all: the page must be served without one.
 struct NoDaemon;
@@ -22,6 +24,7 @@ impl Backend for NoDaemon {
         &self,
         _: GenerateRequest,
         _: OutputFormat,
+        _: Vec<GenerateOption>,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         gone()
     }

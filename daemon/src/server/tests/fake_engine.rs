@@ -165,6 +165,7 @@ impl Engine for FakeEngine {
             client,
             request,
             format,
+            options: _,
             split_reasoning: _,
             arrived,
             events,

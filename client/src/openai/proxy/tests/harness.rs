@@ -21,8 +21,8 @@ use crate::openai::{
     bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
 };
 use crate::protocol::{
-    DoneEvent, ExternalJob, FinishReason, GenerateRequest, JobRecord, ModelInfo, OutputFormat,
-    StatusReport, TokenEvent, Usage,
+    DoneEvent, ExternalJob, FinishReason, GenerateOption, GenerateRequest, JobRecord, ModelInfo,
+    OutputFormat, StatusReport, TokenEvent, Usage,
 };
 
 pub fn http() -> reqwest::Client {
@@ -225,6 +225,7 @@ impl Backend for SharedDaemon {
         &self,
         req: GenerateRequest,
         _: OutputFormat,
+        _: Vec<GenerateOption>,
     ) -> BoxFuture<'_, Result<EventStream, BackendError>> {
         Box::pin(async move {
             if self.0.is_down() {
