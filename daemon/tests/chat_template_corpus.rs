@@ -14,7 +14,7 @@ use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
 use sparkd::text::reasoning::prompt_opens_thinking;
 use sparkd::text::tools::prompt::TemplateTools;
 use sparkd::text::tools::CallSyntax;
-use sparkd::text::ChatTemplate;
+use sparkd::text::{ChatTemplate, TemplateVars};
 
 /// Templates that cannot render on their own, and why. Each needs what only its model's
 /// own server gives it; the daemon reports the template's error to the caller.
@@ -207,6 +207,7 @@ fn every_real_template_renders_what_the_caller_wrote() {
                 &case.messages,
                 &case.tools,
                 !case.tools.is_empty(),
+                &TemplateVars::default(),
                 true,
                 ("<s>", "</s>"),
             );
@@ -251,4 +252,97 @@ fn every_real_template_renders_what_the_caller_wrote() {
         paths.len(),
         failures.join("\n")
     );
+}
+
+/// Real templates' switches, set the way `chat_template_kwargs` sets them: each case is
+/// a template, its variables, and what the prompt must then hold or lack.
+const SWITCHES: &[(&str, &str, &[&str], &[&str])] = &[
+    // Qwen 3: no thinking is an empty thinking block closed in the prompt.
+    (
+        "Qwen-Qwen3-0.6B.jinja",
+        r#"{"enable_thinking": false}"#,
+        &["<|im_start|>assistant\n<think>\n\n</think>\n\n"],
+        &[],
+    ),
+    ("Qwen-Qwen3-0.6B.jinja", "{}", &[], &["<think>"]),
+    // Qwen 3.5 opens the thinking unless told not to.
+    (
+        "Qwen3.5-4B.jinja",
+        r#"{"enable_thinking": false}"#,
+        &["<think>\n\n</think>\n\n"],
+        &[],
+    ),
+    // DeepSeek V3.1: `thinking` opens it; off by default, closed at once.
+    (
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+        r#"{"thinking": true}"#,
+        &["<think>"],
+        &["<think></think>"],
+    ),
+    (
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+        "{}",
+        &["<think></think>"],
+        &[],
+    ),
+    // GPT-OSS: the reasoning effort goes into its system header.
+    (
+        "openai-gpt-oss-120b.jinja",
+        r#"{"reasoning_effort": "high"}"#,
+        &["Reasoning: high"],
+        &["Reasoning: medium"],
+    ),
+    (
+        "openai-gpt-oss-120b.jinja",
+        "{}",
+        &["Reasoning: medium"],
+        &[],
+    ),
+    // FireFunction v2 cannot render without its `functions`: the caller gives them.
+    (
+        "fireworks-ai-llama-3-firefunction-v2.jinja",
+        r#"{"functions": "[{\"name\": \"get_weather\"}]"}"#,
+        &["get_weather", QUESTION],
+        &[],
+    ),
+];
+
+#[test]
+fn real_templates_take_their_switches_as_template_variables() {
+    let Some(dir) = support::template_corpus_dir() else {
+        eprintln!(
+            "skipping: no chat-template corpus (scripts/fetch-template-corpus.sh fetches it)"
+        );
+        return;
+    };
+    let mut failures = Vec::new();
+    for (file, vars, must_hold, must_lack) in SWITCHES {
+        let source =
+            std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let template = ChatTemplate::new(&source).expect("compiles");
+        let vars = TemplateVars::parse(vars).expect("an object");
+        let text = template
+            .render_tools(
+                &[message("user", QUESTION)],
+                &[],
+                false,
+                &vars,
+                true,
+                ("<s>", "</s>"),
+            )
+            .unwrap_or_else(|e| panic!("{file} with {vars:?}: {e}"));
+        for wanted in *must_hold {
+            if !text.contains(wanted) {
+                failures.push(format!(
+                    "{file} {vars:?}: {wanted:?} is missing from\n{text}"
+                ));
+            }
+        }
+        for unwanted in *must_lack {
+            if text.contains(unwanted) {
+                failures.push(format!("{file} {vars:?}: {unwanted:?} is in\n{text}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -96,7 +96,14 @@ impl ChatTemplate {
             strict: false,
         }];
         let render = |messages: &[ToolChatMessage]| {
-            self.render_tools(messages, &tools, true, true, ("", ""))
+            self.render_tools(
+                messages,
+                &tools,
+                true,
+                &TemplateVars::default(),
+                true,
+                ("", ""),
+            )
         };
         render(&[question]).is_ok_and(|text| text.contains(DESCRIPTION))
             && render(&history).is_ok_and(|text| TemplateTools::writes_hermes_calls(&text, NAME))
@@ -155,12 +162,13 @@ impl ChatTemplate {
     }
 
     /// Renders a chat with tools (see [`super::tools::prompt`]) as
-    /// [`Self::render_tool_prompt`] does, with the given BOS and EOS texts.
+    /// [`Self::render_tool_prompt`] does, with the given variables and BOS and EOS texts.
     pub fn render_tools(
         &self,
         messages: &[ToolChatMessage],
         tools: &[ToolSpec],
         show_tools: bool,
+        vars: &TemplateVars,
         add_generation_prompt: bool,
         (bos_token, eos_token): (&str, &str),
     ) -> Result<String, TextError> {
@@ -169,7 +177,7 @@ impl ChatTemplate {
         self.render_values(
             messages,
             tools,
-            &TemplateVars::default(),
+            vars,
             add_generation_prompt,
             (bos_token, eos_token),
         )
