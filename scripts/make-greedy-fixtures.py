@@ -11,8 +11,12 @@ Then run this script from the repository root:
     scripts/make-greedy-fixtures.py                      # greedy_smollm2.json, the default model
     MODEL=target/tmp/smollm2-135m-ffn-q2k-q3k.gguf NAME=smollm2-135m-ffn-q2k-q3k \
         OUT=daemon/tests/fixtures/greedy_smollm2_q2k_q3k.json scripts/make-greedy-fixtures.py
+    MODEL=target/tmp/smollm2-135m-iq4.gguf NAME=smollm2-135m-iq4 \
+        OUT=daemon/tests/fixtures/greedy_smollm2_iq4.json scripts/make-greedy-fixtures.py
 (the second model is the default one with its ffn_down matrices requantized to Q2_K and
-Q3_K; `cargo test -p sparkd --test greedy_parity` writes it there).
+Q3_K, the third llama-quantize's IQ4_XS mix of it: IQ4_XS where rows are whole
+256-blocks, IQ4_NL for the other layer matrices; `cargo test -p sparkd --test
+greedy_parity` writes both there).
 """
 import hashlib
 import os
