@@ -161,21 +161,33 @@ fn submit_as(
     submit_request(engine, request, format).expect("accepted")
 }
 
+type Events = tokio::sync::mpsc::UnboundedReceiver<ServerMessage>;
+
 /// Submits `request`; its event stream, or the refusal.
 fn submit_request(
     engine: &EngineHandle,
     request: GenerateRequest,
     format: OutputFormat,
-) -> Result<tokio::sync::mpsc::UnboundedReceiver<ServerMessage>, spark_client::protocol::ErrorEvent>
-{
+) -> Result<Events, spark_client::protocol::ErrorEvent> {
+    submit_with_options(engine, request, format, Vec::new(), true)
+}
+
+/// [`submit_request`] with options, from a client that splits reasoning or not.
+fn submit_with_options(
+    engine: &EngineHandle,
+    request: GenerateRequest,
+    format: OutputFormat,
+    options: Vec<GenerateOption>,
+    split_reasoning: bool,
+) -> Result<Events, spark_client::protocol::ErrorEvent> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     engine.submit(Submission {
         format,
         conn: 1,
         client: ClientInfo::default(),
         request,
-        options: Vec::new(),
-        split_reasoning: true,
+        options,
+        split_reasoning,
         arrived: Instant::now(),
         events: tx,
     })?;
@@ -903,17 +915,13 @@ fn chat_parts_with(
         stop: Vec::new(),
         logprobs: None,
     };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    engine.submit(Submission {
-        format: OutputFormat::Text,
-        conn: 1,
-        client: ClientInfo::default(),
+    let mut rx = submit_with_options(
+        engine,
         request,
+        OutputFormat::Text,
         options,
         split_reasoning,
-        arrived: Instant::now(),
-        events: tx,
-    })?;
+    )?;
     let (mut reasoning, mut text, mut after_reasoning) = (String::new(), String::new(), false);
     while let Some(msg) = rx.blocking_recv() {
         match msg {
@@ -1044,30 +1052,21 @@ fn bad_template_variables_are_refused_with_what_is_wrong() {
     assert!(refused(template_vars(&huge)).message.contains("at most"));
 
     // A raw prompt has no template to give them to.
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let raw = engine
-        .submit(Submission {
-            format: OutputFormat::Text,
-            conn: 1,
-            client: ClientInfo::default(),
-            request: GenerateRequest {
-                id: 10,
-                model: None,
-                input: PromptInput::Raw {
-                    text: "x".into(),
-                    special: false,
-                },
-                sampling: SamplingParams::default(),
-                max_tokens: Some(2),
-                stop: Vec::new(),
-                logprobs: None,
-            },
-            options: template_vars(r#"{"enable_thinking": false}"#),
-            split_reasoning: true,
-            arrived: Instant::now(),
-            events: tx,
-        })
-        .expect_err("refused");
+    let raw = GenerateRequest {
+        id: 10,
+        model: None,
+        input: PromptInput::Raw {
+            text: "x".into(),
+            special: false,
+        },
+        sampling: SamplingParams::default(),
+        max_tokens: Some(2),
+        stop: Vec::new(),
+        logprobs: None,
+    };
+    let vars = template_vars(r#"{"enable_thinking": false}"#);
+    let raw =
+        submit_with_options(&engine, raw, OutputFormat::Text, vars, true).expect_err("refused");
     assert_eq!(raw.kind, ErrorKind::InvalidRequest);
     assert!(raw.message.contains("raw prompt"), "{}", raw.message);
 }
