@@ -414,6 +414,14 @@ def test_chat_template_kwargs_pass_through_extra_body():
         extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
     check_usage(answer.usage, "chat_template_kwargs")
+    # OpenAI's own reasoning_effort reaches the template as `reasoning_effort`.
+    answer = client.chat.completions.create(
+        model=model_id(),
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=MAX_TOKENS,
+        reasoning_effort="high",
+    )
+    check_usage(answer.usage, "reasoning_effort")
     # A name the daemon sets itself is refused, with the name.
     try:
         client.chat.completions.create(

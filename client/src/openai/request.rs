@@ -91,6 +91,8 @@ struct ChatFields {
     response_format: Option<ResponseFormat>,
     /// Variables for the chat template (vLLM's and llama-server's extension).
     chat_template_kwargs: Option<Value>,
+    /// OpenAI's effort for reasoning models: the template variable of that name.
+    reasoning_effort: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,33 +246,62 @@ pub fn parse_chat(body: &[u8]) -> Result<ParsedRequest, ApiError> {
             messages: messages.into_iter().map(plain_message).collect(),
         }
     };
-    let options = template_kwargs(chat.chat_template_kwargs)?
+    let options = template_kwargs(chat.chat_template_kwargs, chat.reasoning_effort)?
         .into_iter()
         .collect();
     build(common, input, logprobs, format, options)
 }
 
+/// OpenAI's `reasoning_effort` values.
+const REASONING_EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
+
 /// `chat_template_kwargs`: an object (or null, meaning none), passed on as its JSON text;
-/// the daemon checks the names against the ones it sets itself.
-fn template_kwargs(value: Option<Value>) -> Result<Option<GenerateOption>, ApiError> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(map)) if map.is_empty() => Ok(None),
-        Some(value @ Value::Object(_)) => {
-            let json = value.to_string();
-            if json.len() > MAX_TEMPLATE_VARIABLES_BYTES {
-                return Err(ApiError::invalid(
-                    "chat_template_kwargs".to_string(),
-                    format!("chat_template_kwargs takes at most {MAX_TEMPLATE_VARIABLES_BYTES} bytes of JSON"),
-                ));
-            }
-            Ok(Some(GenerateOption::TemplateVariables(json)))
+/// the daemon checks the names against the ones it sets itself. OpenAI's
+/// `reasoning_effort` joins it as the template variable of that name (GPT-OSS's
+/// template reads it), unless the object sets one itself.
+fn template_kwargs(
+    value: Option<Value>,
+    reasoning_effort: Option<Value>,
+) -> Result<Option<GenerateOption>, ApiError> {
+    let mut vars = match value {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs".to_string(),
+                "chat_template_kwargs must be an object of template variables",
+            ))
         }
-        Some(_) => Err(ApiError::invalid(
-            "chat_template_kwargs".to_string(),
-            "chat_template_kwargs must be an object of template variables",
-        )),
+    };
+    match reasoning_effort {
+        None | Some(Value::Null) => {}
+        Some(Value::String(effort)) if REASONING_EFFORTS.contains(&effort.as_str()) => {
+            vars.entry("reasoning_effort")
+                .or_insert(Value::String(effort));
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "reasoning_effort".to_string(),
+                format!(
+                    "reasoning_effort must be one of {}, got {other}",
+                    REASONING_EFFORTS.join(", ")
+                ),
+            ))
+        }
     }
+    if vars.is_empty() {
+        return Ok(None);
+    }
+    let json = Value::Object(vars).to_string();
+    if json.len() > MAX_TEMPLATE_VARIABLES_BYTES {
+        return Err(ApiError::invalid(
+            "chat_template_kwargs".to_string(),
+            format!(
+                "chat_template_kwargs takes at most {MAX_TEMPLATE_VARIABLES_BYTES} bytes of JSON"
+            ),
+        ));
+    }
+    Ok(Some(GenerateOption::TemplateVariables(json)))
 }
 
 fn tool_error(err: ToolError) -> ApiError {

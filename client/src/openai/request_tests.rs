@@ -719,3 +719,38 @@ fn chat_template_kwargs_become_the_template_variables_option() {
         Some("chat_template_kwargs")
     );
 }
+
+#[test]
+fn reasoning_effort_becomes_the_template_variable_of_that_name() {
+    let vars_of = |body: Value| -> Value {
+        let parsed = chat(body).unwrap();
+        match parsed.options.as_slice() {
+            [GenerateOption::TemplateVariables(json)] => serde_json::from_str(json).unwrap(),
+            [] => Value::Null,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        vars_of(json!({"messages": user("hi"), "reasoning_effort": "high"})),
+        json!({"reasoning_effort": "high"})
+    );
+    // Beside other variables; the object's own value wins.
+    assert_eq!(
+        vars_of(json!({"messages": user("hi"), "reasoning_effort": "low",
+                       "chat_template_kwargs": {"enable_thinking": true}})),
+        json!({"reasoning_effort": "low", "enable_thinking": true})
+    );
+    assert_eq!(
+        vars_of(json!({"messages": user("hi"), "reasoning_effort": "low",
+                       "chat_template_kwargs": {"reasoning_effort": "high"}})),
+        json!({"reasoning_effort": "high"})
+    );
+    assert_eq!(
+        vars_of(json!({"messages": user("hi"), "reasoning_effort": null})),
+        Value::Null
+    );
+    for bad in [json!("extreme"), json!(3), json!("")] {
+        let body = json!({"messages": user("hi"), "reasoning_effort": bad});
+        assert_eq!(param_of(chat(body)).as_deref(), Some("reasoning_effort"));
+    }
+}
