@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use spark_client::limits::MAX_TEMPLATE_VARIABLES_BYTES;
+use spark_client::limits::check_options;
 use spark_client::protocol::{
     CacheReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateOption, GenerateRequest,
     JobRecord, ModelInfo, OutputFormat, PromptInput, StatusReport, TokenPiece,
@@ -139,35 +139,18 @@ fn invalid(id: u64, kind: ErrorKind, message: impl Into<String>) -> ErrorEvent {
 
 /// The template variables a submission's options give (none without the option).
 fn request_template_vars(sub: &Submission) -> Result<TemplateVars, ErrorEvent> {
-    let id = sub.request.id;
-    let mut vars = None;
+    let refuse = |message: String| invalid(sub.request.id, ErrorKind::InvalidRequest, message);
+    // The caps a client checks before sending: each kind once, within its size.
+    check_options(&sub.options).map_err(refuse)?;
+    let mut vars = TemplateVars::default();
     for option in &sub.options {
         match option {
-            GenerateOption::TemplateVariables(_) if vars.is_some() => {
-                return Err(invalid(
-                    id,
-                    ErrorKind::InvalidRequest,
-                    "chat_template_kwargs: given twice",
-                ));
-            }
             GenerateOption::TemplateVariables(json) => {
-                if json.len() > MAX_TEMPLATE_VARIABLES_BYTES {
-                    return Err(invalid(
-                        id,
-                        ErrorKind::InvalidRequest,
-                        format!(
-                            "chat_template_kwargs: {} bytes, at most {MAX_TEMPLATE_VARIABLES_BYTES} are accepted",
-                            json.len()
-                        ),
-                    ));
-                }
-                let parsed = TemplateVars::parse(json)
-                    .map_err(|e| invalid(id, ErrorKind::InvalidRequest, e.to_string()))?;
-                vars = Some(parsed);
+                vars = TemplateVars::parse(json).map_err(|e| refuse(e.to_string()))?;
             }
         }
     }
-    Ok(vars.unwrap_or_default())
+    Ok(vars)
 }
 
 impl EngineHandle {
