@@ -132,7 +132,7 @@ pub fn check_options(options: &[GenerateOption]) -> Result<(), String> {
 }
 
 /// How an option is named in messages (the OpenAI-side name where there is one).
-pub fn option_name(option: &GenerateOption) -> &'static str {
+fn option_name(option: &GenerateOption) -> &'static str {
     match option {
         GenerateOption::TemplateVariables(_) => "chat_template_kwargs",
     }

@@ -21,7 +21,7 @@ use crate::protocol::{
 /// The daemon's cap on alternatives per token.
 const MAX_TOP_LOGPROBS: u32 = 20;
 /// More stop strings than this is a mistake, not a use case (OpenAI allows 4).
-use crate::limits::{MAX_STOP_STRINGS, MAX_TEMPLATE_VARIABLES_BYTES};
+use crate::limits::{check_options, MAX_STOP_STRINGS};
 
 /// A validated request, ready for the daemon.
 #[derive(Debug, Clone, PartialEq)]
@@ -292,16 +292,11 @@ fn template_kwargs(
     if vars.is_empty() {
         return Ok(None);
     }
-    let json = Value::Object(vars).to_string();
-    if json.len() > MAX_TEMPLATE_VARIABLES_BYTES {
-        return Err(ApiError::invalid(
-            "chat_template_kwargs".to_string(),
-            format!(
-                "chat_template_kwargs takes at most {MAX_TEMPLATE_VARIABLES_BYTES} bytes of JSON"
-            ),
-        ));
-    }
-    Ok(Some(GenerateOption::TemplateVariables(json)))
+    let option = GenerateOption::TemplateVariables(Value::Object(vars).to_string());
+    // The protocol's size cap, said here with the field it belongs to.
+    check_options(std::slice::from_ref(&option))
+        .map_err(|message| ApiError::invalid("chat_template_kwargs".to_string(), message))?;
+    Ok(Some(option))
 }
 
 fn tool_error(err: ToolError) -> ApiError {
