@@ -346,26 +346,7 @@ pub fn synth(args: SynthArgs) -> anyhow::Result<()> {
 }
 
 fn parse_type(s: &str) -> anyhow::Result<GgmlType> {
-    const ALL: [GgmlType; 15] = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::IQ4_NL,
-        GgmlType::IQ4_XS,
-    ];
-    ALL.into_iter()
-        .find(|t| t.name().eq_ignore_ascii_case(s))
-        .with_context(|| format!("unknown weight type `{s}`"))
+    GgmlType::weight_type_named(s).with_context(|| format!("unknown weight type `{s}`"))
 }
 
 #[cfg(test)]

@@ -149,8 +149,7 @@ fn matrix(
 ) -> Result<MatrixRef, WeightsError> {
     let t = info(file, name)?;
     check_shape(t, &[cols as u64, rows as u64])?;
-    // Q8_1 and Q8_K are activation formats: no kernel takes them as weights.
-    if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+    if !t.ty.is_weight_type() {
         return Err(WeightsError::Type {
             name: name.to_string(),
             ty: t.ty,

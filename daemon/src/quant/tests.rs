@@ -56,25 +56,7 @@ fn fixture(ty: GgmlType) -> Fixture {
     }
 }
 
-const ALL: [GgmlType; 17] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q8_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::Q8_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-];
+const ALL: [GgmlType; 17] = GgmlType::ALL;
 
 #[test]
 fn dequantize_matches_reference_bit_for_bit() {
@@ -202,4 +184,16 @@ fn zero_input_gives_zero_output() {
         dequantize(ty, &q, &mut y).unwrap();
         assert!(y.iter().all(|&v| v == 0.0), "{ty}");
     }
+}
+
+#[test]
+fn the_type_list_is_every_id_sparkd_maps_and_names_parse_back() {
+    let mapped: Vec<GgmlType> = (0..64).filter_map(GgmlType::from_id).collect();
+    assert_eq!(mapped, GgmlType::ALL);
+    for ty in GgmlType::ALL {
+        assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
+        let named = GgmlType::weight_type_named(&ty.name().to_lowercase());
+        assert_eq!(named, ty.is_weight_type().then_some(ty), "{ty}");
+    }
+    assert_eq!(GgmlType::weight_type_named("Q4_K_M"), None);
 }

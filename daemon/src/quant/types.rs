@@ -30,6 +30,41 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// Every type sparkd reads, in the order of ggml's ids.
+    pub const ALL: [GgmlType; 17] = [
+        Self::F32,
+        Self::F16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q8_1,
+        Self::Q2_K,
+        Self::Q3_K,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+        Self::Q8_K,
+        Self::IQ4_NL,
+        Self::IQ4_XS,
+        Self::BF16,
+    ];
+
+    /// Whether a model's matrices may be stored as this type. Q8_1 and Q8_K are the
+    /// activation formats the integer kernels quantize into: no kernel takes them as
+    /// weights.
+    pub fn is_weight_type(self) -> bool {
+        !matches!(self, Self::Q8_1 | Self::Q8_K)
+    }
+
+    /// The weight type of this name (`Q4_K`, `q4_k`, `bf16`, ...), if there is one.
+    pub fn weight_type_named(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.is_weight_type() && t.name().eq_ignore_ascii_case(name))
+    }
+
     /// Maps a GGUF type id; `None` for types sparkd does not support.
     pub fn from_id(id: u32) -> Option<Self> {
         Some(match id {

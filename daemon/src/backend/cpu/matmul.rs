@@ -53,7 +53,7 @@ impl<'a> WeightMatrix<'a> {
 
     fn check(&self) -> Result<(), KernelError> {
         let ty = self.ty;
-        if matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+        if !ty.is_weight_type() {
             return Err(KernelError::UnsupportedType(ty));
         }
         let row_bytes = ty
