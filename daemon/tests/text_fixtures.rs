@@ -94,6 +94,36 @@ fn gpt2_and_default_pre_tokenizers_split_like_llama_cpp() {
     );
 }
 
+/// Mistral's Tekken splitter (Mistral Nemo's vocabulary, shared by Mistral Small 3,
+/// Devstral and Ministral).
+#[test]
+fn mistral_nemo_vocab_tokenizes_like_llama_cpp() {
+    check_tokenize_fixture(
+        test_vocab_path("mistral-nemo-vocab.gguf"),
+        "mistral_nemo_tokenize.json",
+    );
+}
+
+#[test]
+fn mistral_nemo_vocab_special_tokens() {
+    let Some(path) = test_vocab_path("mistral-nemo-vocab.gguf") else {
+        eprintln!("skipping: mistral-nemo-vocab.gguf not found (see make_vocab_ggufs.py)");
+        return;
+    };
+    let tok = load_tokenizer(&path);
+    assert_eq!(tok.vocab_size(), 131072);
+    assert!(tok.add_bos());
+    assert_eq!(tok.bos(), tok.token_id("<s>"));
+    let eos = tok.token_id("</s>").expect("</s>");
+    assert_eq!(tok.eos(), Some(eos));
+    assert!(tok.is_eog(eos));
+    for control in ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"] {
+        let id = tok.token_id(control).expect(control);
+        assert!(tok.is_control(id), "{control}");
+        assert!(!tok.is_eog(id), "{control}");
+    }
+}
+
 #[test]
 fn llama2_vocab_tokenizes_like_llama_cpp() {
     check_tokenize_fixture(test_vocab_path("llama2-vocab.gguf"), "llama2_tokenize.json");
@@ -188,6 +218,13 @@ fn other_vocab_templates_render() {
             "qwen3-vocab.gguf",
             "<|im_start|>user\nHi<|im_end|>\n",
             "<|im_start|>assistant\n",
+        ),
+        // Mistral's system message goes into the last user turn; the answer follows
+        // `[/INST]` directly.
+        (
+            "mistral-nemo-vocab.gguf",
+            "[INST]Be brief.\n\nHi",
+            "[/INST]",
         ),
     ];
     for (file_name, user_turn, generation_prompt) in expectations {

@@ -19,6 +19,10 @@ enum Rule {
     Llama3,
     /// Llama 3's rule with single digits (`\p{N}` instead of `\p{N}{1,3}`).
     Qwen2,
+    /// Mistral's Tekken, as llama.cpp rewrites it for its collapsed text (an upper-case
+    /// letter is any letter but `a-z`, a lower-case one any letter but `A-Z`):
+    /// `[^\r\n\p{L}\p{N}]?Up*Lo+|[^\r\n\p{L}\p{N}]?Up+Lo*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+    Tekken,
     /// `\p{N}`: every number code point on its own.
     EachNumber,
     /// `\p{N}+`: runs of numbers.
@@ -60,6 +64,7 @@ impl PreTokenizer {
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
             | "midm-2.0" | "lfm2" => (&[Llama3], true, true),
             "dbrx" | "smaug-bpe" => (&[Llama3], false, false),
+            "tekken" => (&[Tekken], true, true),
             "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" | "hunyuan" | "solar-open" => {
                 (&[Qwen2], false, false)
             }
@@ -123,6 +128,7 @@ fn apply(rule: Rule, cps: &[char], pieces: &[usize]) -> Vec<usize> {
             Rule::Gpt2 => split_gpt2(&frag, &mut out),
             Rule::Llama3 => split_llama3(&frag, &mut out, Some(3)),
             Rule::Qwen2 => split_llama3(&frag, &mut out, Some(1)),
+            Rule::Tekken => split_tekken(&frag, &mut out),
             Rule::EachNumber => split_class(&frag, &mut out, is_collapsed_number, false),
             Rule::NumberRuns => split_class(&frag, &mut out, is_collapsed_number, true),
             Rule::PunctuationRuns => split_class(&frag, &mut out, is_punctuation_run_char, true),
@@ -283,6 +289,81 @@ fn split_llama3(f: &Fragment, out: &mut Vec<usize>, max_digits: Option<usize>) {
     }
 }
 
+/// Mistral's Tekken split. llama.cpp has no hand-written splitter for it: it runs its
+/// rewrite of the regex through `std::regex` on the collapsed text, where every non-ASCII
+/// letter is one byte that is neither `a-z` nor `A-Z`, so such a letter counts as upper
+/// and as lower case. These are that regex's alternatives in order, with its
+/// backtracking worked out: in `Up*Lo+`, `Up*` gives back letters until a lower-case one
+/// can follow (so `ÉCOLE` splits as `É` + `COLE`, where Mistral's own regex keeps it
+/// whole; llama.cpp's split is what sparkd follows).
+fn split_tekken(f: &Fragment, out: &mut Vec<usize>) {
+    let ws = |pos: usize| f.flags(pos).is_whitespace();
+    let letter = |pos: usize| {
+        let fl = f.flags(pos);
+        fl.is_letter() && !fl.is_whitespace()
+    };
+    let number = |pos: usize| f.cpt(pos).is_some_and(is_collapsed_number);
+    let upper = |pos: usize| letter(pos) && !f.cpt(pos).is_some_and(|c| c.is_ascii_lowercase());
+    let lower = |pos: usize| letter(pos) && !f.cpt(pos).is_some_and(|c| c.is_ascii_uppercase());
+    let mut em = Emitter {
+        out,
+        prev_end: f.start,
+    };
+    let mut pos = f.start;
+    while pos < f.end {
+        let cpt = f.cps[pos];
+        // The optional `[^\r\n\p{L}\p{N}]` before a word.
+        let prefix = !(cpt == '\r' || cpt == '\n' || letter(pos) || number(pos));
+        let word = pos + usize::from(prefix);
+        let mut ups = word;
+        while upper(ups) {
+            ups += 1;
+        }
+        // `Up*Lo+`: the longest run of upper-case letters after which a lower-case one
+        // stands, then all the lower-case letters from there.
+        let lower_from = if lower(ups) {
+            Some(ups)
+        } else {
+            (word..ups).rev().find(|&k| lower(k))
+        };
+        if let Some(mut end) = lower_from {
+            while lower(end) {
+                end += 1;
+            }
+            pos = end;
+            em.add(pos);
+            continue;
+        }
+        // `Up+Lo*` (`Lo*` is empty here: no lower-case letter follows the run).
+        if ups > word {
+            pos = ups;
+            em.add(pos);
+            continue;
+        }
+        // `\p{N}`
+        if number(pos) {
+            pos += 1;
+            em.add(pos);
+            continue;
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+        let symbol = |p: usize| f.cpt(p).is_some() && !(ws(p) || letter(p) || number(p));
+        let from = pos + usize::from(cpt == ' ' && symbol(pos + 1));
+        if symbol(from) {
+            pos = from;
+            while symbol(pos) {
+                pos += 1;
+            }
+            while matches!(f.cpt(pos), Some('\r' | '\n' | '/')) {
+                pos += 1;
+            }
+            em.add(pos);
+            continue;
+        }
+        pos = whitespace_tail(f, pos, &mut em, true);
+    }
+}
+
 /// The whitespace alternatives shared by the hand-written rules: `\s*[\r\n]+` (only when
 /// `newline_runs`), `\s+(?!\S)`, `\s+`, and finally "no match": one code point alone.
 fn whitespace_tail(f: &Fragment, mut pos: usize, em: &mut Emitter, newline_runs: bool) -> usize {
@@ -429,6 +510,22 @@ mod tests {
     }
 
     #[test]
+    fn tekken_splits_on_case_single_digits_and_symbol_runs() {
+        let w = |t| words("tekken", t);
+        assert_eq!(w("HelloWorld again"), ["Hello", "World", " again"]);
+        assert_eq!(w("NASA's JSONParser"), ["NASA", "'s", " JSONParser"]);
+        assert_eq!(w("v12.5"), ["v", "1", "2", ".", "5"]);
+        assert_eq!(w("a //b\n/x"), ["a", " //", "b", "\n", "/x"]);
+        assert_eq!(w("x!!\n/\ny"), ["x", "!!\n/\n", "y"]);
+        assert_eq!(w("Hi\n\n  there  "), ["Hi", "\n\n", " ", " there", "  "]);
+        // Non-ASCII letters are upper and lower case at once (llama.cpp's collapse).
+        assert_eq!(w("ÉCOLE école"), ["É", "COLE", " école"]);
+        assert_eq!(w("HelloÉcole"), ["HelloÉcole"]);
+        assert_eq!(w("日本語です"), ["日本語です"]);
+        assert_eq!(w("\tTab"), ["\tTab"]);
+    }
+
+    #[test]
     fn default_splits_punctuation_numbers_and_digit_triples() {
         assert_eq!(
             words("default", "a+b=12345"),
@@ -440,7 +537,7 @@ mod tests {
     #[test]
     fn pieces_tile_the_input() {
         let text = "Ünïcödé 中文 😀👩‍👩‍👧 \t\r\n  end 42's";
-        for pre in ["default", "gpt-2", "smollm", "llama-bpe", "qwen2"] {
+        for pre in ["default", "gpt-2", "smollm", "llama-bpe", "qwen2", "tekken"] {
             let p = PreTokenizer::from_name(pre).unwrap();
             let joined: String = p.split(text).into_iter().map(|r| &text[r]).collect();
             assert_eq!(joined, text, "{pre}");
