@@ -55,6 +55,22 @@ const CLASSIFIED: &[(&str, TemplateTools, bool)] = &[
     ("MiniMax-M3.jinja", TemplateTools::Described, true),
     (
         "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        TemplateTools::Native(CallSyntax::Mistral),
+        true,
+    ),
+    // `[TOOL_CALLS]name[ARGS]{...}`: not a syntax sparkd holds calls to.
+    (
+        "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+        TemplateTools::Described,
+        true,
+    ),
+    (
+        "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        TemplateTools::Described,
+        true,
+    ),
+    (
+        "unsloth-mistral-Devstral-Small-2507.jinja",
         TemplateTools::Described,
         true,
     ),

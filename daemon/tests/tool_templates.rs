@@ -102,3 +102,34 @@ fn smollm2_gets_the_tools_described_in_a_system_message() {
         "{text}"
     );
 }
+
+#[test]
+fn mistral_nemo_renders_tools_and_calls_in_its_own_syntax() {
+    let Some(path) = test_vocab_path("mistral-nemo-vocab.gguf") else {
+        eprintln!("skipping: mistral-nemo-vocab.gguf not found (make_vocab_ggufs.py makes it)");
+        return;
+    };
+    let (how, text) = render(&path, true);
+    assert_eq!(how, TemplateTools::Native(CallSyntax::Mistral));
+    // The id `call_1` is mapped to nine letters and digits (the template refuses any
+    // other), the same in the call and in its result.
+    let id = sparkd::text::tools::prompt::mistral_call_id("call_1");
+    assert_eq!(
+        text,
+        format!(
+            "[AVAILABLE_TOOLS][{{\"type\": \"function\", \"function\": {{\"name\": \"get_weather\", \"description\": \"The weather in a city\", \"parameters\": {{\"type\": \"object\", \"properties\": {{\"city\": {{\"type\": \"string\"}}}}, \"required\": [\"city\"]}}}}}}][/AVAILABLE_TOOLS]\
+             [INST]Weather in Oslo?[/INST]\
+             [TOOL_CALLS][{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"Oslo\"}}, \"id\": \"{id}\"}}]</s>\
+             [TOOL_RESULTS]{{\"content\": 4 C, rain, \"call_id\": \"{id}\"}}[/TOOL_RESULTS]"
+        )
+    );
+    let tok = load_tokenizer(&path);
+    let calls = tok.token_id("[TOOL_CALLS]").expect("[TOOL_CALLS]");
+    assert!(
+        tok.encode(&text, false, true).contains(&calls),
+        "the prompt's tag is the control token the model writes"
+    );
+    let (_, hidden) = render(&path, false);
+    assert!(!hidden.contains("[AVAILABLE_TOOLS]"), "{hidden}");
+    assert!(hidden.contains("[TOOL_CALLS]"), "{hidden}");
+}

@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::model::{Model, SeqInput, BLOCK_TOKENS};
 use crate::text::constraint::JsonFilter;
 use crate::text::sampler::TokenFilter;
-use crate::text::tools::{CALL_CLOSE, CALL_OPEN};
+use crate::text::tools::CallSyntax;
 use crate::text::Tokenizer;
 
 use super::jobs::{CacheLoad, Shared};
@@ -632,12 +632,11 @@ fn choose_tokens(
 }
 
 /// The bytes of `token` a tool-call watcher reads: a control token's only when it is a
-/// call tag (some vocabularies make `<tool_call>` one), as the text stream drops the
-/// others.
-fn tool_watch_bytes(tok: &Tokenizer, token: u32) -> &[u8] {
+/// call tag of the syntax (some vocabularies make `<tool_call>` one; `[TOOL_CALLS]` is
+/// one in Mistral's), as the text stream drops the others.
+fn tool_watch_bytes(tok: &Tokenizer, token: u32, syntax: CallSyntax) -> &[u8] {
     let bytes = tok.token_bytes(token);
-    let is_tag = bytes == CALL_OPEN.as_bytes() || bytes == CALL_CLOSE.as_bytes();
-    if tok.is_control(token) && !is_tag {
+    if tok.is_control(token) && !syntax.is_tag(bytes) {
         &[]
     } else {
         bytes
@@ -665,7 +664,7 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
         let delta = match &mut s.tools {
             None => s.decoder.push(tok, token),
             Some(tools) => {
-                let watched = tools.push(tool_watch_bytes(tok, token));
+                let watched = tools.push(tool_watch_bytes(tok, token, tools.syntax()));
                 let first = tools.calls() - watched.calls.len() as u32;
                 for (index, call) in (first..).zip(watched.calls) {
                     s.send_tool_call(index, call);

@@ -21,7 +21,7 @@ use crate::text::constraint::JsonConstraint;
 use crate::text::reasoning::{prompt_opens_thinking, ReasoningSplitter};
 use crate::text::schema::Schema;
 use crate::text::tools::watch::CallWatcher;
-use crate::text::tools::{CallMode, CallSyntax, ToolSet, CALL_OPEN};
+use crate::text::tools::{CallMode, CallSyntax, ToolSet};
 use crate::text::{
     sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TemplateVars, TextError, Tokenizer,
     TokenizerSpec,
@@ -344,11 +344,11 @@ impl EngineHandle {
                     .render_tool_prompt(messages, specs, tools.is_some(), &vars, &self.tokenizer)
                     .map_err(template_error)?;
                 // The Llama syntax has no tag: the answer is the call.
-                if tools
-                    .is_some_and(|t| t.mode == CallMode::Forced && t.syntax == CallSyntax::Hermes)
+                if let Some(prefix) = tools
+                    .filter(|t| t.mode == CallMode::Forced)
+                    .and_then(|t| t.syntax.forced_prefix())
                 {
-                    text.push_str(CALL_OPEN);
-                    text.push('\n');
+                    text.push_str(&prefix);
                 }
                 Ok(self.chat_prompt(&text))
             }

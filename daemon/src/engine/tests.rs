@@ -702,7 +702,7 @@ fn submit_tool_chat(
 #[test]
 fn a_required_tool_call_names_an_offered_tool_with_valid_arguments() {
     // The model's own template knows no tools: they are described, Hermes syntax.
-    let called = required_calls(EngineConfig::new("tiny"));
+    let called = required_calls(EngineConfig::new("tiny"), b'{');
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
@@ -729,15 +729,41 @@ fn a_required_call_in_the_llama_syntax_is_the_whole_answer() {
         chat_template: Some(LLAMA_STYLE_TEMPLATE.into()),
         ..EngineConfig::new("tiny")
     };
-    let called = required_calls(config);
+    let called = required_calls(config, b'{');
+    eprintln!("{called} of 16 calls complete within 64 tokens");
+    assert!(called > 0, "no call ever completed: the test shows nothing");
+}
+
+/// A template that writes calls as Mistral Nemo's does: `[TOOL_CALLS]` and an array of
+/// calls, with ids of nine letters and digits (it refuses any other).
+const MISTRAL_STYLE_TEMPLATE: &str = r#"{%- for m in messages %}
+{%- if m.role == "user" and loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+{%- if m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}{% if c.id | length != 9 %}{{ raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, "id": "{{ c.id }}"}{% endfor %}]</s>
+{%- elif m.role == "tool" %}[TOOL_RESULTS]{"content": {{ m.content | tojson }}, "call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
+{%- else %}[INST]{{ m.content }}[/INST]{% endif %}{% endfor %}"#;
+
+#[test]
+fn a_required_call_in_the_mistral_syntax_is_an_array_of_one_call() {
+    use crate::text::tools::{prompt::TemplateTools, CallSyntax};
+    let template = crate::text::ChatTemplate::new(MISTRAL_STYLE_TEMPLATE).expect("compiles");
+    assert_eq!(
+        template.tools(),
+        TemplateTools::Native(CallSyntax::Mistral),
+        "the probe call renders, its id mapped to nine characters"
+    );
+    let config = EngineConfig {
+        chat_template: Some(MISTRAL_STYLE_TEMPLATE.into()),
+        ..EngineConfig::new("tiny")
+    };
+    let called = required_calls(config, b'[');
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
 
 /// Asks for a required call 16 times (sampled from the random model) and checks each
 /// answer: one call of an offered tool with valid arguments and no text, or, cut short,
-/// the call's text so far. How many calls completed.
-fn required_calls(config: EngineConfig) -> usize {
+/// the call's text so far (beginning with `opener`). How many calls completed.
+fn required_calls(config: EngineConfig, opener: u8) -> usize {
     use spark_client::protocol::{ToolChoice, ToolSpec};
     // The tools' description in the system message needs more than 512 positions.
     let spec = SynthSpec {
@@ -774,6 +800,9 @@ fn required_calls(config: EngineConfig) -> usize {
         let mut logit_bias: Vec<(u32, f32)> =
             b" \t\r\n".iter().map(|&b| (u32::from(b), -8.0)).collect();
         logit_bias.extend([(CLOSE_BRACE, 4.0), (b'"' as u32, 3.0)]);
+        if opener == b'[' {
+            logit_bias.push((b']' as u32, 4.0));
+        }
         let sampling = SamplingParams {
             temperature: 1.5,
             seed: Some(seed),
@@ -804,6 +833,13 @@ fn required_calls(config: EngineConfig) -> usize {
                 assert_eq!(text, "", "seed {seed}: a call is not text");
                 let call = &calls[0];
                 assert_eq!((call.id, call.index), (seed + 1, 0));
+                if opener == b'[' {
+                    let id = &call.call.id;
+                    assert!(
+                        id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()),
+                        "seed {seed}: Mistral's templates take the id {id:?} back only with nine letters and digits"
+                    );
+                }
                 let arguments: serde_json::Value = serde_json::from_str(&call.call.arguments)
                     .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
                 match call.call.name.as_str() {
@@ -821,7 +857,10 @@ fn required_calls(config: EngineConfig) -> usize {
             // Cut short: the call's text so far comes back as text, nothing is lost.
             FinishReason::Length => {
                 assert!(calls.is_empty());
-                assert!(text.trim_start().starts_with('{'), "seed {seed}: {text:?}");
+                assert!(
+                    text.trim_start().starts_with(char::from(opener)),
+                    "seed {seed}: {text:?}"
+                );
             }
             other => panic!("seed {seed}: finished {other:?}"),
         }

@@ -176,6 +176,15 @@ impl JsonConstraint {
         }
     }
 
+    /// A JSON array that `schema` (compiled with [`Schema::compile_array`]) allows,
+    /// after optional whitespace: a Mistral model's list of tool calls.
+    pub fn array_after_whitespace(schema: Arc<Schema>) -> Self {
+        Self {
+            state: SchemaState::array_after_whitespace(&schema),
+            ..Self::with_schema(schema)
+        }
+    }
+
     /// Takes `bytes` as accepted text: a chosen token's, or bytes no mask checked (the
     /// rest of the token that ended a tool call's opening tag); false when the schema
     /// cannot continue with them (then the constraint is not to be used).

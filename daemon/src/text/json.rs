@@ -33,6 +33,8 @@ pub struct JsonAcceptor {
     lex: Lex,
     /// Whitespace bytes in a row outside strings.
     whitespace_run: u8,
+    /// The top-level value is an array, not an object (a Mistral model's tool calls).
+    array_root: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,6 +223,7 @@ impl JsonAcceptor {
             depth: 0,
             lex: Lex::Start,
             whitespace_run: 0,
+            array_root: false,
         }
     }
 
@@ -229,6 +232,16 @@ impl JsonAcceptor {
     pub const fn after_whitespace() -> Self {
         Self {
             lex: Lex::Lead,
+            ..Self::new()
+        }
+    }
+
+    /// Nothing accepted yet: the text may begin with whitespace (at most 64 bytes),
+    /// then must open an array.
+    pub const fn array_after_whitespace() -> Self {
+        Self {
+            lex: Lex::Lead,
+            array_root: true,
             ..Self::new()
         }
     }
@@ -245,6 +258,7 @@ impl JsonAcceptor {
                 inner: StrState::Chars,
             },
             whitespace_run: 0,
+            array_root: false,
         }
     }
 
@@ -353,8 +367,11 @@ impl JsonAcceptor {
         }
         self.whitespace_run = 0;
         let accepted = match (self.lex, b) {
-            (Lex::Start | Lex::Lead, b'{') => {
+            (Lex::Start | Lex::Lead, b'{') if !self.array_root => {
                 return self.open(true).then(|| Step::new(Event::Open, false))
+            }
+            (Lex::Start | Lex::Lead, b'[') if self.array_root => {
+                return self.open(false).then(|| Step::new(Event::Open, false))
             }
             (Lex::ObjectOpen, b'}') => self.close(),
             (Lex::ObjectOpen | Lex::Key, b'"') => {
@@ -591,6 +608,17 @@ impl JsonAcceptor {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_root_is_an_object_unless_an_array_is_asked_for() {
+        assert!(!JsonAcceptor::new().feed(b'['));
+        assert!(!JsonAcceptor::after_whitespace().feed_all(b" ["));
+        let mut list = JsonAcceptor::array_after_whitespace();
+        assert!(!list.clone().feed(b'{'));
+        assert!(list.feed_all(b" [{\"a\": 1}, 2]"));
+        assert!(list.is_done());
+        assert!(!list.feed(b','), "one array, nothing after it");
+    }
 
     /// Pieces of JSON (and of near-JSON) to glue into random texts.
     const FRAGMENTS: &[&str] = &[

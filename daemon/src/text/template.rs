@@ -55,18 +55,20 @@ impl ChatTemplate {
             system_role: true,
         };
         template.system_role = template.renders_system_messages();
-        if template.tools == TemplateTools::Native(CallSyntax::Hermes)
-            && !template.renders_hermes_calls()
+        if let TemplateTools::Native(syntax @ (CallSyntax::Hermes | CallSyntax::Mistral)) =
+            template.tools
         {
-            template.tools = TemplateTools::Described;
+            if !template.renders_calls(syntax) {
+                template.tools = TemplateTools::Described;
+            }
         }
         Ok(template)
     }
 
     /// Whether the template shows the model the tools it is given and writes a
-    /// history's tool call in the Hermes syntax, tried once at load: a template that
-    /// merely has the tag may wrap another syntax in it, or read its tools elsewhere.
-    fn renders_hermes_calls(&self) -> bool {
+    /// history's tool call in `syntax`, tried once at load: a template that merely has
+    /// the tag may wrap another syntax in it, or read its tools elsewhere.
+    fn renders_calls(&self, syntax: CallSyntax) -> bool {
         const NAME: &str = "probe_tool_7f3a";
         const DESCRIPTION: &str = "Probe description 7f3a";
         let call = ToolCall {
@@ -106,7 +108,7 @@ impl ChatTemplate {
             )
         };
         render(&[question]).is_ok_and(|text| text.contains(DESCRIPTION))
-            && render(&history).is_ok_and(|text| TemplateTools::writes_hermes_calls(&text, NAME))
+            && render(&history).is_ok_and(|text| TemplateTools::writes_calls(syntax, &text, NAME))
     }
 
     /// Whether the template renders a system message's text, tried once at load as

@@ -117,6 +117,11 @@ impl SchemaState {
         Self::starting(schema, JsonAcceptor::after_whitespace())
     }
 
+    /// Nothing read yet: the text may begin with whitespace, then the root's array.
+    pub fn array_after_whitespace(schema: &Schema) -> Self {
+        Self::starting(schema, JsonAcceptor::array_after_whitespace())
+    }
+
     fn starting(schema: &Schema, json: JsonAcceptor) -> Self {
         Self {
             json,

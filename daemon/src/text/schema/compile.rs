@@ -220,6 +220,29 @@ impl Schema {
     /// keys); `enum` and `const` values written as compact JSON; integers and bounded
     /// numbers without an exponent.
     pub fn compile(text: &str) -> Result<Schema, SchemaError> {
+        let schema = Self::compile_any_root(text)?;
+        if !schema.may_start(schema.root, b'{') {
+            return error(
+                "",
+                "the root must allow an object: JSON output is one object \
+                 (put other values in a property)",
+            );
+        }
+        Ok(schema)
+    }
+
+    /// [`Schema::compile`] for a document whose root is an array (a Mistral model's
+    /// tool calls); the text is then read with an array-rooted state
+    /// ([`SchemaState::array_after_whitespace`](super::SchemaState)).
+    pub fn compile_array(text: &str) -> Result<Schema, SchemaError> {
+        let schema = Self::compile_any_root(text)?;
+        if !schema.may_start(schema.root, b'[') {
+            return error("", "the root must allow an array");
+        }
+        Ok(schema)
+    }
+
+    fn compile_any_root(text: &str) -> Result<Schema, SchemaError> {
         let document: Value = match serde_json::from_str(text) {
             Ok(v) => v,
             Err(e) => return error("", format!("not valid JSON: {e}")),
@@ -239,13 +262,6 @@ impl Schema {
                 "",
                 "no finite value matches the schema (a required property that always \
                  needs another of its own kind, say)",
-            );
-        }
-        if !schema.may_start(schema.root, b'{') {
-            return error(
-                "",
-                "the root must allow an object: JSON output is one object \
-                 (put other values in a property)",
             );
         }
         Ok(schema)

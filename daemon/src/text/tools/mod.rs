@@ -23,6 +23,12 @@
 //! whole answer is one call, `{"name": ..., "parameters": {...}}`, with no tags. Their
 //! templates render the tools and the history's calls themselves, and the watcher takes
 //! an answer whose first byte (after whitespace) is `{` for a call.
+//!
+//! Mistral 7B v0.3 and Mistral Nemo write [`CallSyntax::Mistral`]: the control token
+//! `[TOOL_CALLS]`, then every call of the turn in one JSON array,
+//! `[{"name": ..., "arguments": {...}}, ...]`, held to the schema of that array. Their
+//! templates insist on call ids of nine letters and digits, which sparkd gives its own
+//! calls and maps any other id to (`prompt`).
 
 pub mod prompt;
 pub mod watch;
@@ -39,6 +45,8 @@ use super::schema::Schema;
 pub const CALL_OPEN: &str = "<tool_call>";
 /// The tag that closes a call.
 pub const CALL_CLOSE: &str = "</tool_call>";
+/// The control token before a Mistral model's calls.
+pub const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 
 /// A request's tools that are wrong, or cannot be enforced.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -73,17 +81,64 @@ pub enum CallSyntax {
     /// The whole answer is `{"name": ..., "parameters": {...}}`: Llama 3.1 to 3.3,
     /// one call per answer.
     LlamaJson,
+    /// `[TOOL_CALLS]` + `[{"name": ..., "arguments": {...}}, ...]`, every call of the
+    /// turn in one array (Mistral 7B v0.3, Mistral Nemo).
+    Mistral,
 }
 
 impl CallSyntax {
     /// The call object's key for the arguments.
     pub fn arguments_key(self) -> &'static str {
         match self {
-            CallSyntax::Hermes => "arguments",
+            CallSyntax::Hermes | CallSyntax::Mistral => "arguments",
             CallSyntax::LlamaJson => "parameters",
         }
     }
+
+    /// What opens the calls (the Llama syntax has nothing: its answer is the call).
+    pub fn open_tag(self) -> Option<&'static str> {
+        match self {
+            CallSyntax::Hermes => Some(CALL_OPEN),
+            CallSyntax::Mistral => Some(MISTRAL_CALLS),
+            CallSyntax::LlamaJson => None,
+        }
+    }
+
+    /// Whether `bytes`, a control token's, are one of this syntax's tags: the watcher
+    /// reads those, where the text stream drops control tokens.
+    pub fn is_tag(self, bytes: &[u8]) -> bool {
+        let tag = |t: &str| bytes == t.as_bytes();
+        match self {
+            CallSyntax::Hermes => tag(CALL_OPEN) || tag(CALL_CLOSE),
+            CallSyntax::Mistral => tag(MISTRAL_CALLS),
+            CallSyntax::LlamaJson => false,
+        }
+    }
+
+    /// What ends a prompt whose answer must be a call: the opening tag, as the model
+    /// writes it.
+    pub fn forced_prefix(self) -> Option<String> {
+        match self {
+            CallSyntax::Hermes => Some(format!("{CALL_OPEN}\n")),
+            CallSyntax::Mistral => Some(MISTRAL_CALLS.to_string()),
+            CallSyntax::LlamaJson => None,
+        }
+    }
+
+    /// A new call's id: OpenAI's shape (`call_` and 24 letters and digits), or the nine
+    /// letters and digits Mistral's templates require.
+    pub fn new_call_id(self) -> String {
+        use rand::distributions::{Alphanumeric, DistString};
+        let mut rng = rand::thread_rng();
+        match self {
+            CallSyntax::Mistral => Alphanumeric.sample_string(&mut rng, MISTRAL_ID_LEN),
+            _ => format!("call_{}", Alphanumeric.sample_string(&mut rng, 24)),
+        }
+    }
 }
+
+/// The length of a Mistral call id.
+pub const MISTRAL_ID_LEN: usize = 9;
 
 /// How the answer begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +154,7 @@ pub enum CallMode {
 #[derive(Debug, Clone)]
 pub struct ToolSet {
     /// One call object: `{"name": <an offered tool>, "arguments": <its parameters>}`
-    /// (`"parameters"` in the Llama syntax).
+    /// (`"parameters"` in the Llama syntax); in the Mistral syntax, the array of them.
     pub schema: Arc<Schema>,
     pub mode: CallMode,
     /// Whether more calls may follow the first.
@@ -143,14 +198,19 @@ impl ToolSet {
                 .any(|c| c.name == tool.name)
                 .then_some((tool.name.as_str(), params))
         });
-        let schema = call_schema(callable_parameters, syntax.arguments_key());
-        let schema =
-            Schema::compile(&schema.to_string()).map_err(|e| ToolError::Schema(e.to_string()))?;
+        let call = call_schema(callable_parameters, syntax.arguments_key());
+        let schema = match syntax {
+            CallSyntax::Mistral => {
+                Schema::compile_array(&call_list_schema(call, parallel).to_string())
+            }
+            _ => Schema::compile(&call.to_string()),
+        }
+        .map_err(|e| ToolError::Schema(e.to_string()))?;
         Ok(Some(ToolSet {
             schema: Arc::new(schema),
             mode,
             // The Llama syntax has one call per answer (its templates refuse more).
-            parallel: parallel && syntax == CallSyntax::Hermes,
+            parallel: parallel && syntax != CallSyntax::LlamaJson,
             syntax,
         }))
     }
@@ -240,6 +300,21 @@ fn call_schema<'a>(tools: impl Iterator<Item = (&'a str, Value)>, arguments_key:
         root.insert("$defs".into(), Value::Object(defs));
     }
     root
+}
+
+/// The Mistral syntax's array of calls: one call at least, and one at most unless
+/// parallel calls are allowed. The call's `$defs` move to the root, where its `$ref`s
+/// point.
+fn call_list_schema(mut call: Value, parallel: bool) -> Value {
+    let defs = call
+        .as_object_mut()
+        .and_then(|c| c.remove("$defs"))
+        .unwrap_or_else(|| json!({}));
+    let mut list = json!({"type": "array", "items": call, "minItems": 1, "$defs": defs});
+    if !parallel {
+        list["maxItems"] = json!(1);
+    }
+    list
 }
 
 /// Rewrites the document-local `$ref`s of a schema that moves to `base` (a JSON

@@ -4,7 +4,10 @@
 //! the messages as
 //! Hugging Face's `apply_chat_template` passes them: assistant messages with
 //! `tool_calls` (`{id, type, function: {name, arguments}}`, arguments as a JSON value),
-//! `tool` messages with `tool_call_id`, and `tools` as OpenAI-style function objects. Any
+//! `tool` messages with `tool_call_id`, and `tools` as OpenAI-style function objects (in
+//! the Mistral syntax, with every call id as nine letters and digits: Mistral's templates
+//! refuse any other, so an id from elsewhere is mapped to one, the same in the call and
+//! in its result). Any
 //! other template gets plain messages: the tools are described in the system message,
 //! earlier calls are written into their assistant messages in the call syntax, and tool
 //! results become user messages wrapped in `<tool_response>` tags.
@@ -12,7 +15,7 @@
 use serde_json::{json, Map, Value};
 use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
 
-use super::{CallSyntax, CALL_CLOSE, CALL_OPEN};
+use super::{CallSyntax, CALL_CLOSE, CALL_OPEN, MISTRAL_CALLS, MISTRAL_ID_LEN};
 
 /// How a chat template deals with tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,13 +29,22 @@ pub enum TemplateTools {
 
 impl TemplateTools {
     /// Reads a template's source: native Hermes when it writes the call tag and takes
-    /// `tools`; native Llama when it takes `tools` and writes a call as `"name"` and
-    /// `"parameters"` (Llama 3.1 to 3.3, whose results come back as `ipython`).
+    /// `tools`; native Mistral when it writes `[TOOL_CALLS]` and no `[ARGS]` (Mistral
+    /// Small 3.2, Devstral and Ministral write `[TOOL_CALLS]name[ARGS]{...}`, which
+    /// sparkd does not hold calls to: they get the tools described); native Llama when
+    /// it takes `tools` and writes a call as `"name"` and `"parameters"` (Llama 3.1 to
+    /// 3.3, whose results come back as `ipython`).
     pub fn of_template(source: &str) -> Self {
         if !source.contains("tools") {
             TemplateTools::Described
         } else if source.contains(CALL_OPEN) {
             TemplateTools::Native(CallSyntax::Hermes)
+        } else if source.contains(MISTRAL_CALLS) {
+            if source.contains("[ARGS]") {
+                TemplateTools::Described
+            } else {
+                TemplateTools::Native(CallSyntax::Mistral)
+            }
         } else if source.contains("\"parameters\": ") && source.contains("ipython") {
             TemplateTools::Native(CallSyntax::LlamaJson)
         } else {
@@ -41,21 +53,32 @@ impl TemplateTools {
     }
 
     /// Whether `rendered`, a template's rendering of a history that called `name`
-    /// with `{"probe": 1}`, wrote that call as the Hermes syntax does: the tag, then
-    /// the call as one JSON object with `name` and `arguments`. Templates that write
-    /// `<tool_call>` around another syntax (Qwen3-Coder's `<function=...>`, GLM's
-    /// `<arg_key>`) fail this, and their models would be held to the wrong one.
-    pub fn writes_hermes_calls(rendered: &str, name: &str) -> bool {
-        rendered.match_indices(CALL_OPEN).any(|(at, tag)| {
+    /// with `{"probe": 1}`, wrote that call as `syntax` does: the tag, then the call as
+    /// one JSON object with `name` and `arguments` (Hermes) or an array of such objects
+    /// (Mistral). Templates that write `<tool_call>` around another syntax
+    /// (Qwen3-Coder's `<function=...>`, GLM's `<arg_key>`) fail this, and their models
+    /// would be held to the wrong one. The Llama syntax is not probed.
+    pub fn writes_calls(syntax: CallSyntax, rendered: &str, name: &str) -> bool {
+        let Some(open) = syntax.open_tag() else {
+            return true;
+        };
+        let is_probe = |call: &Value| {
+            call.get("name").and_then(Value::as_str) == Some(name)
+                && call.get("arguments") == Some(&json!({"probe": 1}))
+        };
+        rendered.match_indices(open).any(|(at, tag)| {
             let rest = rendered[at + tag.len()..].trim_start();
-            let Some(Ok(Value::Object(call))) = serde_json::Deserializer::from_str(rest)
+            let Some(Ok(value)) = serde_json::Deserializer::from_str(rest)
                 .into_iter::<Value>()
                 .next()
             else {
                 return false;
             };
-            call.get("name").and_then(Value::as_str) == Some(name)
-                && call.get("arguments") == Some(&json!({"probe": 1}))
+            match (syntax, &value) {
+                (CallSyntax::Mistral, Value::Array(calls)) => calls.first().is_some_and(is_probe),
+                (CallSyntax::Hermes, Value::Object(_)) => is_probe(&value),
+                _ => false,
+            }
         })
     }
 
@@ -89,8 +112,8 @@ pub fn template_inputs(
         Vec::new()
     };
     match how {
-        TemplateTools::Native(_) => TemplateInputs {
-            messages: messages.iter().map(native_message).collect(),
+        TemplateTools::Native(syntax) => TemplateInputs {
+            messages: messages.iter().map(|m| native_message(m, syntax)).collect(),
             tools: (!shown.is_empty()).then_some(shown),
         },
         TemplateTools::Described => TemplateInputs {
@@ -124,7 +147,11 @@ fn arguments_value(call: &ToolCall) -> Value {
     serde_json::from_str(&call.arguments).unwrap_or_else(|_| Value::String(call.arguments.clone()))
 }
 
-fn native_message(message: &ToolChatMessage) -> Value {
+fn native_message(message: &ToolChatMessage, syntax: CallSyntax) -> Value {
+    let id = |id: &str| match syntax {
+        CallSyntax::Mistral => mistral_call_id(id),
+        _ => id.to_string(),
+    };
     let mut out = Map::new();
     out.insert("role".into(), Value::String(message.role.clone()));
     // Templates do string operations on `content` (`'</think>' in message.content`):
@@ -139,7 +166,7 @@ fn native_message(message: &ToolChatMessage) -> Value {
             .iter()
             .map(|call| {
                 json!({
-                    "id": call.id,
+                    "id": id(&call.id),
                     "type": "function",
                     "function": {"name": call.name, "arguments": arguments_value(call)},
                 })
@@ -147,10 +174,30 @@ fn native_message(message: &ToolChatMessage) -> Value {
             .collect();
         out.insert("tool_calls".into(), Value::Array(calls));
     }
-    if let Some(id) = &message.tool_call_id {
-        out.insert("tool_call_id".into(), Value::String(id.clone()));
+    if let Some(call_id) = &message.tool_call_id {
+        out.insert("tool_call_id".into(), Value::String(id(call_id)));
     }
     Value::Object(out)
+}
+
+/// A call id as Mistral's templates take it: nine ASCII letters and digits. Such an id
+/// (sparkd's own for these models) stays as it is; any other becomes nine base-62
+/// digits of its FNV-1a hash, so a call and its result still name the same id.
+pub fn mistral_call_id(id: &str) -> String {
+    if id.len() == MISTRAL_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return id.to_string();
+    }
+    const DIGITS: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let mut hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (0..MISTRAL_ID_LEN)
+        .map(|_| {
+            let digit = DIGITS[(hash % 62) as usize];
+            hash /= 62;
+            char::from(digit)
+        })
+        .collect()
 }
 
 /// Plain `{role, content}` messages: the tools described in the (first) system

@@ -16,7 +16,10 @@ fn tool(name: &str, parameters: serde_json::Value, strict: bool) -> ToolSpec {
 }
 
 fn accepts(set: &ToolSet, text: &str) -> bool {
-    let mut c = JsonConstraint::after_whitespace(set.schema.clone());
+    let mut c = match set.syntax {
+        CallSyntax::Mistral => JsonConstraint::array_after_whitespace(set.schema.clone()),
+        _ => JsonConstraint::after_whitespace(set.schema.clone()),
+    };
     c.accept(text.as_bytes()) && c.is_done()
 }
 
@@ -300,4 +303,105 @@ fn the_llama_syntax_writes_parameters_and_makes_one_call_an_answer() {
     );
     assert!(accepts(&set, r#"{"name": "f", "parameters": {"x": 3}}"#));
     assert!(!accepts(&set, r#"{"name": "f", "arguments": {"x": 3}}"#));
+}
+
+#[test]
+fn the_mistral_syntax_is_one_array_of_calls() {
+    let tools = [
+        tool(
+            "f",
+            json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+            true,
+        ),
+        tool("g", json!({}), false),
+    ];
+    let one = ToolSet::prepare(&tools, &ToolChoice::Auto, false, CallSyntax::Mistral)
+        .unwrap()
+        .unwrap();
+    assert!(accepts(&one, r#"[{"name": "f", "arguments": {"x": 3}}]"#));
+    assert!(!accepts(&one, r#"[]"#), "at least one call");
+    assert!(!accepts(&one, r#"{"name": "f", "arguments": {"x": 3}}"#));
+    assert!(!accepts(
+        &one,
+        r#"[{"name": "f", "arguments": {"x": "3"}}]"#
+    ));
+    assert!(
+        !accepts(
+            &one,
+            r#"[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]"#
+        ),
+        "one call unless parallel calls are allowed"
+    );
+    let many = ToolSet::prepare(&tools, &ToolChoice::Auto, true, CallSyntax::Mistral)
+        .unwrap()
+        .unwrap();
+    assert!(many.parallel);
+    assert!(accepts(
+        &many,
+        r#"[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"y": 1}}]"#
+    ));
+    let named = ToolSet::prepare(
+        &tools,
+        &ToolChoice::Function("g".into()),
+        true,
+        CallSyntax::Mistral,
+    )
+    .unwrap()
+    .unwrap();
+    assert!(!accepts(&named, r#"[{"name": "f", "arguments": {}}]"#));
+    assert!(accepts(&named, r#"[{"name": "g", "arguments": {}}]"#));
+}
+
+#[test]
+fn mistral_templates_get_nine_character_call_ids() {
+    use super::prompt::mistral_call_id;
+    assert_eq!(mistral_call_id("a1B2c3D4e"), "a1B2c3D4e");
+    let mapped = mistral_call_id("call_1");
+    assert_eq!(mapped.len(), 9);
+    assert!(
+        mapped.bytes().all(|b| b.is_ascii_alphanumeric()),
+        "{mapped}"
+    );
+    assert_eq!(
+        mistral_call_id("call_1"),
+        mapped,
+        "the same id maps the same way"
+    );
+    assert_ne!(mistral_call_id("call_2"), mapped);
+    // Nine characters that are not all letters and digits are mapped too.
+    assert_ne!(mistral_call_id("call-1234"), "call-1234");
+    for _ in 0..20 {
+        let own = CallSyntax::Mistral.new_call_id();
+        assert_eq!(
+            mistral_call_id(&own),
+            own,
+            "sparkd's own ids pass unchanged"
+        );
+    }
+    assert!(CallSyntax::Hermes.new_call_id().starts_with("call_"));
+
+    let tools = [tool("get_weather", json!({"type": "object"}), false)];
+    let TemplateInputs { messages, .. } = template_inputs(
+        TemplateTools::Native(CallSyntax::Mistral),
+        &history(),
+        &tools,
+        true,
+    );
+    assert_eq!(messages[2]["tool_calls"][0]["id"], json!(mapped));
+    assert_eq!(messages[3]["tool_call_id"], json!(mapped));
+    assert_eq!(
+        messages[4]["tool_call_id"],
+        json!(mistral_call_id("call_2"))
+    );
+}
+
+#[test]
+fn mistral_templates_are_native_unless_they_write_args_tags() {
+    let nemo = r#"{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}{{ "[TOOL_CALLS][" }}"#;
+    assert_eq!(
+        TemplateTools::of_template(nemo),
+        TemplateTools::Native(CallSyntax::Mistral)
+    );
+    let small = r#"{% if tools %}{% endif %}{{ '[TOOL_CALLS]' + name + '[ARGS]' + args }}"#;
+    assert_eq!(TemplateTools::of_template(small), TemplateTools::Described);
 }

@@ -5,7 +5,9 @@
 //! Once a whole `<tool_call>` is written, the call's JSON is held to the call schema by
 //! [`CallWatcher::constraint`] (the sampler masks with it), and its bytes are kept out
 //! of the text; when the object closes it becomes a [`ToolCall`]. The closing tag and
-//! the whitespace around it are dropped, then text (or another call) may follow.
+//! the whitespace around it are dropped, then text (or another call) may follow. In the
+//! Mistral syntax the tag is `[TOOL_CALLS]` and the JSON an array of calls, which ends
+//! the answer.
 //!
 //! A thinking model's reasoning at the start of the answer (`<think>` ... `</think>`,
 //! or from the first byte when the prompt opened it) is text in which no call is taken:
@@ -13,7 +15,7 @@
 
 use spark_client::protocol::ToolCall;
 
-use super::{CallMode, CallSyntax, ToolSet, CALL_CLOSE, CALL_OPEN};
+use super::{CallMode, CallSyntax, ToolSet, CALL_CLOSE};
 use crate::text::constraint::JsonConstraint;
 use crate::text::reasoning;
 
@@ -78,7 +80,8 @@ impl CallWatcher {
             calls: 0,
         };
         if watcher.tools.mode == CallMode::Forced {
-            // The prompt ends with the opening tag (the Llama syntax has none).
+            // The prompt ends with the opening tag (the Llama syntax has none): see
+            // `CallSyntax::forced_prefix`.
             watcher.open_call();
         } else if opens_thinking {
             watcher.state = State::Thinking { matched: 0 };
@@ -90,7 +93,7 @@ impl CallWatcher {
     fn answer_state(&self) -> State {
         match self.tools.syntax {
             CallSyntax::LlamaJson => State::Start,
-            CallSyntax::Hermes => State::Text,
+            CallSyntax::Hermes | CallSyntax::Mistral => State::Text,
         }
     }
 
@@ -102,6 +105,11 @@ impl CallWatcher {
     /// Whether the next token is free (no call's JSON is being written).
     pub fn is_free(&self) -> bool {
         self.constraint.is_none()
+    }
+
+    /// The syntax the calls are written in.
+    pub fn syntax(&self) -> CallSyntax {
+        self.tools.syntax
     }
 
     /// How many calls have been made.
@@ -197,13 +205,13 @@ impl CallWatcher {
     }
 
     fn text_byte(&mut self, b: u8, out: &mut Watched) {
-        if self.tools.syntax == CallSyntax::LlamaJson {
+        let Some(open) = self.tools.syntax.open_tag() else {
             // A Llama answer is a call only from its start.
             out.text.push(b);
             return;
-        }
+        };
         self.held.push(b);
-        let open = CALL_OPEN.as_bytes();
+        let open = open.as_bytes();
         if self.held == open {
             self.tag = std::mem::take(&mut self.held);
             self.open_call();
@@ -218,7 +226,11 @@ impl CallWatcher {
 
     fn open_call(&mut self) {
         self.json.clear();
-        self.constraint = Some(JsonConstraint::after_whitespace(self.tools.schema.clone()));
+        let schema = self.tools.schema.clone();
+        self.constraint = Some(match self.tools.syntax {
+            CallSyntax::Mistral => JsonConstraint::array_after_whitespace(schema),
+            _ => JsonConstraint::after_whitespace(schema),
+        });
         self.state = State::Call;
     }
 
@@ -237,15 +249,24 @@ impl CallWatcher {
             return;
         }
         self.constraint = None;
-        match parse_call(&self.json, self.tools.syntax.arguments_key()) {
-            Some(call) => {
-                self.calls += 1;
-                out.calls.push(call);
+        let syntax = self.tools.syntax;
+        let calls = match syntax {
+            CallSyntax::Mistral => parse_call_list(&self.json, syntax),
+            _ => parse_call(&self.json, syntax).map(|call| vec![call]),
+        };
+        match calls {
+            Some(calls) => {
+                self.calls += calls.len() as u32;
+                out.calls.extend(calls);
                 self.tag.clear();
                 self.json.clear();
-                // A forced answer is one call and no text; otherwise more calls (or
-                // text) may follow when parallel calls are allowed.
-                self.state = if self.tools.parallel && self.tools.mode == CallMode::Auto {
+                // A forced answer is one call and no text, and a Mistral answer's array
+                // holds all its calls; otherwise more calls (or text) may follow when
+                // parallel calls are allowed.
+                let more = self.tools.parallel
+                    && self.tools.mode == CallMode::Auto
+                    && syntax == CallSyntax::Hermes;
+                self.state = if more {
                     State::AfterCall { matched: 0 }
                 } else {
                     State::Ended
@@ -265,26 +286,33 @@ impl CallWatcher {
     }
 }
 
-/// A complete call object: its tool's name and its arguments (under `arguments_key`;
-/// compact JSON, in the order written).
-fn parse_call(json: &[u8], arguments_key: &str) -> Option<ToolCall> {
+/// A complete call object: its tool's name and its arguments (under the syntax's
+/// key; compact JSON, in the order written).
+fn parse_call(json: &[u8], syntax: CallSyntax) -> Option<ToolCall> {
+    call_of(&serde_json::from_slice(json).ok()?, syntax)
+}
+
+/// A complete array of call objects (the Mistral syntax).
+fn parse_call_list(json: &[u8], syntax: CallSyntax) -> Option<Vec<ToolCall>> {
     let value: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let calls: Option<Vec<ToolCall>> = value
+        .as_array()?
+        .iter()
+        .map(|call| call_of(call, syntax))
+        .collect();
+    calls.filter(|c| !c.is_empty())
+}
+
+fn call_of(value: &serde_json::Value, syntax: CallSyntax) -> Option<ToolCall> {
     let name = value.get("name")?.as_str()?.to_string();
-    let arguments = value.get(arguments_key).filter(|a| a.is_object())?;
+    let arguments = value
+        .get(syntax.arguments_key())
+        .filter(|a| a.is_object())?;
     Some(ToolCall {
-        id: new_call_id(),
+        id: syntax.new_call_id(),
         name,
         arguments: arguments.to_string(),
     })
-}
-
-/// `call_` and 24 random letters and digits, as OpenAI's ids look.
-fn new_call_id() -> String {
-    use rand::distributions::{Alphanumeric, DistString};
-    format!(
-        "call_{}",
-        Alphanumeric.sample_string(&mut rand::thread_rng(), 24)
-    )
 }
 
 #[cfg(test)]
@@ -528,5 +556,53 @@ mod tests {
         let (out, calls, _) = run(&mut w, " <thin", 2);
         assert_eq!(out, " <thin");
         assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn mistral_calls_are_one_array_after_the_tag_and_end_the_answer() {
+        let text = "Checking. [TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}, {\"name\": \"get_time\", \"arguments\": {}}]";
+        for step in 1..=14 {
+            let mut w =
+                CallWatcher::new(tools_in(CallSyntax::Mistral, ToolChoice::Auto, true), false);
+            let (out, calls, end) = run(&mut w, text, step);
+            assert_eq!(out, "Checking. ", "step {step}");
+            assert!(end, "the array holds every call of the turn");
+            assert_eq!(calls.len(), 2);
+            assert_eq!(calls[0].name, "get_weather");
+            assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
+            assert_eq!(calls[1].name, "get_time");
+            for call in &calls {
+                assert_eq!(call.id.len(), 9, "Mistral's templates take 9-character ids");
+                assert!(call.id.bytes().all(|b| b.is_ascii_alphanumeric()));
+            }
+            assert_ne!(calls[0].id, calls[1].id);
+        }
+        // A bracket or a tag's beginning in text is only text.
+        let mut w = CallWatcher::new(tools_in(CallSyntax::Mistral, ToolChoice::Auto, true), false);
+        let text = "[1, 2] and [TOOL_CALL] and [TOOL_";
+        let (out, calls, end) = run(&mut w, text, 2);
+        assert_eq!(out, text);
+        assert!(calls.is_empty() && !end);
+    }
+
+    #[test]
+    fn a_forced_mistral_call_starts_at_once() {
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::Mistral, ToolChoice::Required, false),
+            false,
+        );
+        assert!(!w.is_free(), "the prompt wrote `[TOOL_CALLS]`");
+        let (out, calls, end) = run(&mut w, r#"[{"name": "get_time", "arguments": {}}]"#, 4);
+        assert_eq!((out.as_str(), calls.len(), end), ("", 1, true));
+        // Cut short, the call so far comes back as text.
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::Mistral, ToolChoice::Required, false),
+            false,
+        );
+        let (out, calls, end) = run(&mut w, r#"[{"name": "get_ti"#, 4);
+        assert_eq!(
+            (out.as_str(), calls.len(), end),
+            (r#"[{"name": "get_ti"#, 0, false)
+        );
     }
 }
