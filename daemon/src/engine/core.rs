@@ -634,7 +634,7 @@ fn choose_tokens(
 /// The bytes of `token` a tool-call watcher reads: a control token's only when it is a
 /// call tag of the syntax (some vocabularies make `<tool_call>` one; `[TOOL_CALLS]` is
 /// one in Mistral's), as the text stream drops the others.
-fn tool_watch_bytes(tok: &Tokenizer, token: u32, syntax: CallSyntax) -> &[u8] {
+pub(super) fn tool_watch_bytes(tok: &Tokenizer, token: u32, syntax: CallSyntax) -> &[u8] {
     let bytes = tok.token_bytes(token);
     if tok.is_control(token) && !syntax.is_tag(bytes) {
         &[]

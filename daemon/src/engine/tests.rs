@@ -1109,3 +1109,26 @@ fn bad_template_variables_are_refused_with_what_is_wrong() {
     assert_eq!(raw.kind, ErrorKind::InvalidRequest);
     assert!(raw.message.contains("raw prompt"), "{}", raw.message);
 }
+
+#[test]
+fn the_watcher_reads_a_control_token_only_when_it_is_a_tag_of_the_syntax() {
+    use super::core::tool_watch_bytes;
+    use crate::text::tools::CallSyntax;
+    let mut spec = crate::text::bpe_spec("gpt-2");
+    for tag in ["[TOOL_CALLS]", "<tool_call>", "</tool_call>", "[INST]"] {
+        spec.tokens.push(tag.into());
+        spec.token_types.as_mut().expect("types").push(3);
+    }
+    let tok = crate::text::Tokenizer::new(spec).expect("a vocabulary");
+    let id = |text: &str| tok.token_id(text).expect(text);
+    let read = |text: &str, syntax| tool_watch_bytes(&tok, id(text), syntax).to_vec();
+    assert_eq!(read("[TOOL_CALLS]", CallSyntax::Mistral), b"[TOOL_CALLS]");
+    assert_eq!(read("[TOOL_CALLS]", CallSyntax::Hermes), b"");
+    assert_eq!(read("<tool_call>", CallSyntax::Hermes), b"<tool_call>");
+    assert_eq!(read("</tool_call>", CallSyntax::Hermes), b"</tool_call>");
+    assert_eq!(read("<tool_call>", CallSyntax::Mistral), b"");
+    assert_eq!(read("[INST]", CallSyntax::Mistral), b"");
+    assert_eq!(read("<|im_end|>", CallSyntax::LlamaJson), b"");
+    // Text tokens pass whatever the syntax.
+    assert_eq!(read("hello", CallSyntax::Mistral), b"hello");
+}

@@ -31,4 +31,7 @@ pub use stop::{StopMatcher, StopOutput};
 pub use stream::StreamDecoder;
 pub use template::ChatTemplate;
 pub use template_vars::TemplateVars;
+/// A small byte-level vocabulary, for tests outside `text`.
+#[cfg(test)]
+pub(crate) use tokenizer::tests::bpe_spec;
 pub use tokenizer::Tokenizer;
