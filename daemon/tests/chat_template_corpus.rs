@@ -58,20 +58,20 @@ const CLASSIFIED: &[(&str, TemplateTools, bool)] = &[
         TemplateTools::Native(CallSyntax::Mistral),
         true,
     ),
-    // `[TOOL_CALLS]name[ARGS]{...}`: not a syntax sparkd holds calls to.
+    // `[TOOL_CALLS]name[ARGS]{...}`, Small 3.2 with `[CALL_ID]id` before `[ARGS]`.
     (
         "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
-        TemplateTools::Described,
+        MISTRAL_ARGS,
         true,
     ),
     (
         "Mistral-Small-3.2-24B-Instruct-2506.jinja",
-        TemplateTools::Described,
+        TemplateTools::Native(CallSyntax::MistralArgs { call_ids: true }),
         true,
     ),
     (
         "unsloth-mistral-Devstral-Small-2507.jinja",
-        TemplateTools::Described,
+        MISTRAL_ARGS,
         true,
     ),
     (
@@ -99,6 +99,8 @@ const OPENS_THINKING: &[(&str, bool)] = &[
 ];
 const NATIVE_HERMES: TemplateTools = TemplateTools::Native(CallSyntax::Hermes);
 const NATIVE_LLAMA: TemplateTools = TemplateTools::Native(CallSyntax::LlamaJson);
+const MISTRAL_ARGS: TemplateTools =
+    TemplateTools::Native(CallSyntax::MistralArgs { call_ids: false });
 
 /// A conversation, the tools offered (none: hidden), and the texts its prompt must hold.
 struct Case {

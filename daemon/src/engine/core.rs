@@ -14,6 +14,8 @@ use crate::backend::Backend;
 use crate::model::{Model, SeqInput, BLOCK_TOKENS};
 use crate::text::constraint::JsonFilter;
 use crate::text::sampler::TokenFilter;
+use crate::text::tools::header::HeaderFilter;
+use crate::text::tools::watch::CallConstraint;
 use crate::text::tools::CallSyntax;
 use crate::text::Tokenizer;
 
@@ -545,11 +547,24 @@ fn sample(
     logits: &mut [f32],
     tok: &Tokenizer,
 ) -> Option<(u32, Option<TokenLogprobs>)> {
-    let mut json = active_constraint(&mut s.json, &mut s.tools).map(|constraint| JsonFilter {
-        constraint,
-        tokenizer: tok,
-    });
-    let filter = json.as_mut().map(|f| f as &mut dyn TokenFilter);
+    let (mut json, mut header);
+    let filter: Option<&mut dyn TokenFilter> = match active_constraint(&mut s.json, &mut s.tools) {
+        Some(CallConstraint::Json(constraint)) => {
+            json = JsonFilter {
+                constraint,
+                tokenizer: tok,
+            };
+            Some(&mut json)
+        }
+        Some(CallConstraint::Header(call_header)) => {
+            header = HeaderFilter {
+                header: call_header,
+                tokenizer: tok,
+            };
+            Some(&mut header)
+        }
+        None => None,
+    };
     // Logprobs describe the model's own distribution, before penalties and temperature.
     let choice = match s.logprobs {
         Some(n) => s

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::model::BlockTable;
 use crate::text::constraint::JsonConstraint;
 use crate::text::reasoning::ReasoningSplitter;
-use crate::text::tools::watch::CallWatcher;
+use crate::text::tools::watch::{CallConstraint, CallWatcher};
 use crate::text::{Sampler, StopMatcher, StreamDecoder};
 
 use super::api::{ClientInfo, ConnId};
@@ -69,9 +69,9 @@ impl SeqTimings {
 pub fn active_constraint<'a>(
     json: &'a mut Option<JsonConstraint>,
     tools: &'a mut Option<CallWatcher>,
-) -> Option<&'a mut JsonConstraint> {
+) -> Option<CallConstraint<'a>> {
     match (json, tools) {
-        (Some(json), _) => Some(json),
+        (Some(json), _) => Some(CallConstraint::Json(json)),
         (None, Some(tools)) => tools.constraint(),
         (None, None) => None,
     }

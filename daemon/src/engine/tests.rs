@@ -702,7 +702,7 @@ fn submit_tool_chat(
 #[test]
 fn a_required_tool_call_names_an_offered_tool_with_valid_arguments() {
     // The model's own template knows no tools: they are described, Hermes syntax.
-    let called = required_calls(EngineConfig::new("tiny"), b'{');
+    let called = required_calls(EngineConfig::new("tiny"), &["{"]);
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
@@ -729,7 +729,7 @@ fn a_required_call_in_the_llama_syntax_is_the_whole_answer() {
         chat_template: Some(LLAMA_STYLE_TEMPLATE.into()),
         ..EngineConfig::new("tiny")
     };
-    let called = required_calls(config, b'{');
+    let called = required_calls(config, &["{"]);
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
@@ -741,6 +741,40 @@ const MISTRAL_STYLE_TEMPLATE: &str = r#"{%- for m in messages %}
 {%- if m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}{% if c.id | length != 9 %}{{ raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, "id": "{{ c.id }}"}{% endfor %}]</s>
 {%- elif m.role == "tool" %}[TOOL_RESULTS]{"content": {{ m.content | tojson }}, "call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
 {%- else %}[INST]{{ m.content }}[/INST]{% endif %}{% endfor %}"#;
+
+/// A template that writes calls as Mistral Small 3.2's does (`[TOOL_CALLS]`, the name,
+/// `[CALL_ID]` and the id, `[ARGS]`, the arguments) or, without ids, as Devstral's.
+fn mistral_args_template(call_ids: bool) -> String {
+    let id = if call_ids { "[CALL_ID]{{ c.id }}" } else { "" };
+    format!(
+        r#"{{%- for m in messages %}}
+{{%- if m.role == "user" and loop.last and tools %}}[AVAILABLE_TOOLS]{{{{ tools | tojson }}}}[/AVAILABLE_TOOLS]{{% endif %}}
+{{%- if m.tool_calls %}}{{% for c in m.tool_calls %}}{{% if c.id | length != 9 %}}{{{{ raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}}}{{% endif %}}[TOOL_CALLS]{{{{ c.function.name }}}}{id}[ARGS]{{{{ c.function.arguments | tojson }}}}{{% endfor %}}</s>
+{{%- elif m.role == "tool" %}}[TOOL_RESULTS]{{{{ m.tool_call_id }}}}[TOOL_CONTENT]{{{{ m.content }}}}[/TOOL_RESULTS]
+{{%- else %}}[INST]{{{{ m.content }}}}[/INST]{{% endif %}}{{% endfor %}}"#
+    )
+}
+
+#[test]
+fn a_required_call_in_the_mistral_args_syntax_names_an_offered_tool() {
+    use crate::text::tools::{prompt::TemplateTools, CallSyntax};
+    for call_ids in [false, true] {
+        let source = mistral_args_template(call_ids);
+        let template = crate::text::ChatTemplate::new(&source).expect("compiles");
+        assert_eq!(
+            template.tools(),
+            TemplateTools::Native(CallSyntax::MistralArgs { call_ids }),
+            "{source}"
+        );
+        let config = EngineConfig {
+            chat_template: Some(source),
+            ..EngineConfig::new("tiny")
+        };
+        let called = required_calls(config, &["get_weather", "now"]);
+        eprintln!("call ids {call_ids}: {called} of 16 calls complete within 64 tokens");
+        assert!(called > 0, "no call ever completed: the test shows nothing");
+    }
+}
 
 #[test]
 fn a_required_call_in_the_mistral_syntax_is_an_array_of_one_call() {
@@ -755,15 +789,17 @@ fn a_required_call_in_the_mistral_syntax_is_an_array_of_one_call() {
         chat_template: Some(MISTRAL_STYLE_TEMPLATE.into()),
         ..EngineConfig::new("tiny")
     };
-    let called = required_calls(config, b'[');
+    let called = required_calls(config, &["["]);
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
 
 /// Asks for a required call 16 times (sampled from the random model) and checks each
 /// answer: one call of an offered tool with valid arguments and no text, or, cut short,
-/// the call's text so far (beginning with `opener`). How many calls completed.
-fn required_calls(config: EngineConfig, opener: u8) -> usize {
+/// the call's text so far (beginning with one of `starts`, or a beginning of one). How
+/// many calls completed.
+fn required_calls(config: EngineConfig, starts: &[&str]) -> usize {
+    let mistral = starts != ["{"];
     use spark_client::protocol::{ToolChoice, ToolSpec};
     // The tools' description in the system message needs more than 512 positions.
     let spec = SynthSpec {
@@ -800,7 +836,7 @@ fn required_calls(config: EngineConfig, opener: u8) -> usize {
         let mut logit_bias: Vec<(u32, f32)> =
             b" \t\r\n".iter().map(|&b| (u32::from(b), -8.0)).collect();
         logit_bias.extend([(CLOSE_BRACE, 4.0), (b'"' as u32, 3.0)]);
-        if opener == b'[' {
+        if starts == ["["] {
             logit_bias.push((b']' as u32, 4.0));
         }
         let sampling = SamplingParams {
@@ -833,7 +869,7 @@ fn required_calls(config: EngineConfig, opener: u8) -> usize {
                 assert_eq!(text, "", "seed {seed}: a call is not text");
                 let call = &calls[0];
                 assert_eq!((call.id, call.index), (seed + 1, 0));
-                if opener == b'[' {
+                if mistral {
                     let id = &call.call.id;
                     assert!(
                         id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()),
@@ -857,8 +893,11 @@ fn required_calls(config: EngineConfig, opener: u8) -> usize {
             // Cut short: the call's text so far comes back as text, nothing is lost.
             FinishReason::Length => {
                 assert!(calls.is_empty());
+                let text = text.trim_start();
                 assert!(
-                    text.trim_start().starts_with(char::from(opener)),
+                    starts
+                        .iter()
+                        .any(|s| text.starts_with(s) || s.starts_with(text)),
                     "seed {seed}: {text:?}"
                 );
             }

@@ -55,8 +55,9 @@ impl ChatTemplate {
             system_role: true,
         };
         template.system_role = template.renders_system_messages();
-        if let TemplateTools::Native(syntax @ (CallSyntax::Hermes | CallSyntax::Mistral)) =
-            template.tools
+        if let TemplateTools::Native(
+            syntax @ (CallSyntax::Hermes | CallSyntax::Mistral | CallSyntax::MistralArgs { .. }),
+        ) = template.tools
         {
             if !template.renders_calls(syntax) {
                 template.tools = TemplateTools::Described;

@@ -29,7 +29,14 @@
 //! `[{"name": ..., "arguments": {...}}, ...]`, held to the schema of that array. Their
 //! templates insist on call ids of nine letters and digits, which sparkd gives its own
 //! calls and maps any other id to (`prompt`).
+//!
+//! Mistral Small 3.2, Devstral, Ministral and Magistral write
+//! [`CallSyntax::MistralArgs`]: each call as `[TOOL_CALLS]name[ARGS]{...}` (Small 3.2
+//! puts `[CALL_ID]` and the call's id between the name and `[ARGS]`). The name and id
+//! are held to the offered tools by [`header::CallHeader`], then the arguments to that
+//! tool's own schema.
 
+pub mod header;
 pub mod prompt;
 pub mod watch;
 
@@ -84,13 +91,19 @@ pub enum CallSyntax {
     /// `[TOOL_CALLS]` + `[{"name": ..., "arguments": {...}}, ...]`, every call of the
     /// turn in one array (Mistral 7B v0.3, Mistral Nemo).
     Mistral,
+    /// `[TOOL_CALLS]` + name + `[ARGS]` + the arguments' object, once per call; with
+    /// `call_ids`, `[CALL_ID]` and nine letters and digits before `[ARGS]` (Mistral
+    /// Small 3.2; Devstral, Ministral and Magistral write none).
+    MistralArgs { call_ids: bool },
 }
 
 impl CallSyntax {
     /// The call object's key for the arguments.
     pub fn arguments_key(self) -> &'static str {
         match self {
-            CallSyntax::Hermes | CallSyntax::Mistral => "arguments",
+            CallSyntax::Hermes | CallSyntax::Mistral | CallSyntax::MistralArgs { .. } => {
+                "arguments"
+            }
             CallSyntax::LlamaJson => "parameters",
         }
     }
@@ -99,9 +112,15 @@ impl CallSyntax {
     pub fn open_tag(self) -> Option<&'static str> {
         match self {
             CallSyntax::Hermes => Some(CALL_OPEN),
-            CallSyntax::Mistral => Some(MISTRAL_CALLS),
+            CallSyntax::Mistral | CallSyntax::MistralArgs { .. } => Some(MISTRAL_CALLS),
             CallSyntax::LlamaJson => None,
         }
+    }
+
+    /// Whether the syntax is one of Mistral's, whose templates take call ids of nine
+    /// letters and digits only.
+    pub fn nine_character_ids(self) -> bool {
+        matches!(self, CallSyntax::Mistral | CallSyntax::MistralArgs { .. })
     }
 
     /// Whether `bytes`, a control token's, are one of this syntax's tags: the watcher
@@ -111,6 +130,9 @@ impl CallSyntax {
         match self {
             CallSyntax::Hermes => tag(CALL_OPEN) || tag(CALL_CLOSE),
             CallSyntax::Mistral => tag(MISTRAL_CALLS),
+            CallSyntax::MistralArgs { .. } => {
+                tag(MISTRAL_CALLS) || tag(header::ARGS) || tag(header::CALL_ID)
+            }
             CallSyntax::LlamaJson => false,
         }
     }
@@ -120,7 +142,7 @@ impl CallSyntax {
     pub fn forced_prefix(self) -> Option<String> {
         match self {
             CallSyntax::Hermes => Some(format!("{CALL_OPEN}\n")),
-            CallSyntax::Mistral => Some(MISTRAL_CALLS.to_string()),
+            CallSyntax::Mistral | CallSyntax::MistralArgs { .. } => Some(MISTRAL_CALLS.to_string()),
             CallSyntax::LlamaJson => None,
         }
     }
@@ -130,9 +152,10 @@ impl CallSyntax {
     pub fn new_call_id(self) -> String {
         use rand::distributions::{Alphanumeric, DistString};
         let mut rng = rand::thread_rng();
-        match self {
-            CallSyntax::Mistral => Alphanumeric.sample_string(&mut rng, MISTRAL_ID_LEN),
-            _ => format!("call_{}", Alphanumeric.sample_string(&mut rng, 24)),
+        if self.nine_character_ids() {
+            Alphanumeric.sample_string(&mut rng, MISTRAL_ID_LEN)
+        } else {
+            format!("call_{}", Alphanumeric.sample_string(&mut rng, 24))
         }
     }
 }
@@ -160,6 +183,10 @@ pub struct ToolSet {
     /// Whether more calls may follow the first.
     pub parallel: bool,
     pub syntax: CallSyntax,
+    /// The tools that may be called, in order, with their arguments' schemas: what
+    /// the `[ARGS]` syntax holds a call's header and arguments to.
+    pub callable: Arc<[String]>,
+    pub arguments: Vec<Arc<Schema>>,
 }
 
 impl ToolSet {
@@ -192,13 +219,25 @@ impl ToolSet {
         for (index, tool) in tools.iter().enumerate() {
             parameters.push(enforceable_parameters(index, tool)?);
         }
-        let callable_parameters = tools.iter().zip(parameters).filter_map(|(tool, params)| {
-            callable
-                .iter()
-                .any(|c| c.name == tool.name)
-                .then_some((tool.name.as_str(), params))
-        });
-        let call = call_schema(callable_parameters, syntax.arguments_key());
+        let callable_parameters: Vec<(&str, Value)> = tools
+            .iter()
+            .zip(parameters)
+            .filter(|(tool, _)| callable.iter().any(|c| c.name == tool.name))
+            .map(|(tool, params)| (tool.name.as_str(), params))
+            .collect();
+        let mut arguments = Vec::new();
+        if let CallSyntax::MistralArgs { .. } = syntax {
+            for (_, params) in &callable_parameters {
+                let schema = Schema::compile(&params.to_string())
+                    .map_err(|e| ToolError::Schema(e.to_string()))?;
+                arguments.push(Arc::new(schema));
+            }
+        }
+        let names: Arc<[String]> = callable_parameters
+            .iter()
+            .map(|(name, _)| name.to_string())
+            .collect();
+        let call = call_schema(callable_parameters.into_iter(), syntax.arguments_key());
         let schema = match syntax {
             CallSyntax::Mistral => {
                 Schema::compile_array(&call_list_schema(call, parallel).to_string())
@@ -212,6 +251,8 @@ impl ToolSet {
             // The Llama syntax has one call per answer (its templates refuse more).
             parallel: parallel && syntax != CallSyntax::LlamaJson,
             syntax,
+            callable: names,
+            arguments,
         }))
     }
 }

@@ -15,6 +15,7 @@
 use serde_json::{json, Map, Value};
 use spark_client::protocol::{ToolCall, ToolChatMessage, ToolSpec};
 
+use super::header::{ARGS, CALL_ID};
 use super::{CallSyntax, CALL_CLOSE, CALL_OPEN, MISTRAL_CALLS, MISTRAL_ID_LEN};
 
 /// How a chat template deals with tools.
@@ -29,19 +30,20 @@ pub enum TemplateTools {
 
 impl TemplateTools {
     /// Reads a template's source: native Hermes when it writes the call tag and takes
-    /// `tools`; native Mistral when it writes `[TOOL_CALLS]` and no `[ARGS]` (Mistral
-    /// Small 3.2, Devstral and Ministral write `[TOOL_CALLS]name[ARGS]{...}`, which
-    /// sparkd does not hold calls to: they get the tools described); native Llama when
-    /// it takes `tools` and writes a call as `"name"` and `"parameters"` (Llama 3.1 to
-    /// 3.3, whose results come back as `ipython`).
+    /// `tools`; native Mistral when it writes `[TOOL_CALLS]`, in the `[ARGS]` syntax
+    /// when it writes that tag too (with ids when it writes `[CALL_ID]`); native Llama
+    /// when it takes `tools` and writes a call as `"name"` and `"parameters"` (Llama 3.1
+    /// to 3.3, whose results come back as `ipython`).
     pub fn of_template(source: &str) -> Self {
         if !source.contains("tools") {
             TemplateTools::Described
         } else if source.contains(CALL_OPEN) {
             TemplateTools::Native(CallSyntax::Hermes)
         } else if source.contains(MISTRAL_CALLS) {
-            if source.contains("[ARGS]") {
-                TemplateTools::Described
+            if source.contains(ARGS) {
+                TemplateTools::Native(CallSyntax::MistralArgs {
+                    call_ids: source.contains(CALL_ID),
+                })
             } else {
                 TemplateTools::Native(CallSyntax::Mistral)
             }
@@ -54,8 +56,9 @@ impl TemplateTools {
 
     /// Whether `rendered`, a template's rendering of a history that called `name`
     /// with `{"probe": 1}`, wrote that call as `syntax` does: the tag, then the call as
-    /// one JSON object with `name` and `arguments` (Hermes) or an array of such objects
-    /// (Mistral). Templates that write `<tool_call>` around another syntax
+    /// one JSON object with `name` and `arguments` (Hermes), an array of such objects
+    /// (Mistral), or the name, any id, `[ARGS]` and the arguments (Mistral's `[ARGS]`
+    /// syntax). Templates that write `<tool_call>` around another syntax
     /// (Qwen3-Coder's `<function=...>`, GLM's `<arg_key>`) fail this, and their models
     /// would be held to the wrong one. The Llama syntax is not probed.
     pub fn writes_calls(syntax: CallSyntax, rendered: &str, name: &str) -> bool {
@@ -67,7 +70,23 @@ impl TemplateTools {
                 && call.get("arguments") == Some(&json!({"probe": 1}))
         };
         rendered.match_indices(open).any(|(at, tag)| {
-            let rest = rendered[at + tag.len()..].trim_start();
+            let mut rest = rendered[at + tag.len()..].trim_start();
+            if let CallSyntax::MistralArgs { call_ids } = syntax {
+                let Some(after_name) = rest.strip_prefix(name) else {
+                    return false;
+                };
+                rest = after_name;
+                if call_ids {
+                    let Some(id) = rest.strip_prefix(CALL_ID) else {
+                        return false;
+                    };
+                    rest = id.get(MISTRAL_ID_LEN..).unwrap_or_default();
+                }
+                let Some(arguments) = rest.strip_prefix(ARGS) else {
+                    return false;
+                };
+                rest = arguments;
+            }
             let Some(Ok(value)) = serde_json::Deserializer::from_str(rest)
                 .into_iter::<Value>()
                 .next()
@@ -77,6 +96,7 @@ impl TemplateTools {
             match (syntax, &value) {
                 (CallSyntax::Mistral, Value::Array(calls)) => calls.first().is_some_and(is_probe),
                 (CallSyntax::Hermes, Value::Object(_)) => is_probe(&value),
+                (CallSyntax::MistralArgs { .. }, _) => value == json!({"probe": 1}),
                 _ => false,
             }
         })
@@ -148,9 +168,12 @@ fn arguments_value(call: &ToolCall) -> Value {
 }
 
 fn native_message(message: &ToolChatMessage, syntax: CallSyntax) -> Value {
-    let id = |id: &str| match syntax {
-        CallSyntax::Mistral => mistral_call_id(id),
-        _ => id.to_string(),
+    let id = |id: &str| {
+        if syntax.nine_character_ids() {
+            mistral_call_id(id)
+        } else {
+            id.to_string()
+        }
     };
     let mut out = Map::new();
     out.insert("role".into(), Value::String(message.role.clone()));

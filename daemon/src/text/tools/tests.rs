@@ -396,12 +396,51 @@ fn mistral_templates_get_nine_character_call_ids() {
 }
 
 #[test]
-fn mistral_templates_are_native_unless_they_write_args_tags() {
+fn mistral_templates_are_told_apart_by_their_tags() {
     let nemo = r#"{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}{{ "[TOOL_CALLS][" }}"#;
     assert_eq!(
         TemplateTools::of_template(nemo),
         TemplateTools::Native(CallSyntax::Mistral)
     );
-    let small = r#"{% if tools %}{% endif %}{{ '[TOOL_CALLS]' + name + '[ARGS]' + args }}"#;
-    assert_eq!(TemplateTools::of_template(small), TemplateTools::Described);
+    let devstral = r#"{% if tools %}{% endif %}{{ '[TOOL_CALLS]' + name + '[ARGS]' + args }}"#;
+    assert_eq!(
+        TemplateTools::of_template(devstral),
+        TemplateTools::Native(CallSyntax::MistralArgs { call_ids: false })
+    );
+    let small = r#"{% if tools %}{% endif %}{{ '[TOOL_CALLS]' + name + '[CALL_ID]' + id + '[ARGS]' + args }}"#;
+    assert_eq!(
+        TemplateTools::of_template(small),
+        TemplateTools::Native(CallSyntax::MistralArgs { call_ids: true })
+    );
+}
+
+#[test]
+fn the_args_syntax_holds_each_tools_arguments_to_its_own_schema() {
+    let tools = [
+        tool(
+            "f",
+            json!({"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}),
+            true,
+        ),
+        tool("g", json!({}), false),
+    ];
+    let syntax = CallSyntax::MistralArgs { call_ids: false };
+    let set = ToolSet::prepare(&tools, &ToolChoice::Auto, true, syntax)
+        .unwrap()
+        .unwrap();
+    assert_eq!(&*set.callable, ["f".to_string(), "g".to_string()]);
+    let args = |i: usize, text: &str| {
+        let mut c = JsonConstraint::after_whitespace(set.arguments[i].clone());
+        c.accept(text.as_bytes()) && c.is_done()
+    };
+    assert!(args(0, r#"{"x": 1}"#));
+    assert!(!args(0, r#"{}"#));
+    assert!(args(1, r#"{"y": "z"}"#));
+    let named = ToolSet::prepare(&tools, &ToolChoice::Function("g".into()), true, syntax)
+        .unwrap()
+        .unwrap();
+    assert_eq!(&*named.callable, ["g".to_string()]);
+    assert_eq!(named.arguments.len(), 1);
+    assert_eq!(syntax.forced_prefix().as_deref(), Some("[TOOL_CALLS]"));
+    assert!(syntax.nine_character_ids());
 }

@@ -7,7 +7,9 @@
 //! of the text; when the object closes it becomes a [`ToolCall`]. The closing tag and
 //! the whitespace around it are dropped, then text (or another call) may follow. In the
 //! Mistral syntax the tag is `[TOOL_CALLS]` and the JSON an array of calls, which ends
-//! the answer.
+//! the answer; in Mistral's `[ARGS]` syntax the tag is followed by the call's header
+//! (its name, maybe its id, then `[ARGS]`), held to the offered tools by
+//! [`CallHeader`], then by the arguments, held to that tool's schema.
 //!
 //! A thinking model's reasoning at the start of the answer (`<think>` ... `</think>`,
 //! or from the first byte when the prompt opened it) is text in which no call is taken:
@@ -15,6 +17,7 @@
 
 use spark_client::protocol::ToolCall;
 
+use super::header::{CallHeader, HeaderCheck};
 use super::{CallMode, CallSyntax, ToolSet, CALL_CLOSE};
 use crate::text::constraint::JsonConstraint;
 use crate::text::reasoning;
@@ -43,7 +46,9 @@ enum State {
     Start,
     /// Text; `held` bytes may begin an opening tag.
     Text,
-    /// Inside a call, after its opening tag: the JSON is constrained.
+    /// The `[ARGS]` syntax, after the opening tag: the call's header is constrained.
+    Header,
+    /// Inside a call, after its opening tag (or header): the JSON is constrained.
     Call,
     /// After a call's object: whitespace and the closing tag (`matched` bytes of it so
     /// far) are dropped.
@@ -63,7 +68,19 @@ pub struct CallWatcher {
     tag: Vec<u8>,
     json: Vec<u8>,
     constraint: Option<JsonConstraint>,
+    /// The `[ARGS]` syntax: the header being written, then the name and id it gave the
+    /// call whose arguments are being written.
+    header: Option<CallHeader>,
+    named: Option<(String, Option<String>)>,
     calls: u32,
+}
+
+/// What the next token must satisfy while a call is written.
+pub enum CallConstraint<'a> {
+    /// JSON: a call's object (or array), or its arguments.
+    Json(&'a mut JsonConstraint),
+    /// The header of a call in the `[ARGS]` syntax.
+    Header(&'a CallHeader),
 }
 
 impl CallWatcher {
@@ -77,12 +94,14 @@ impl CallWatcher {
             tag: Vec::new(),
             json: Vec::new(),
             constraint: None,
+            header: None,
+            named: None,
             calls: 0,
         };
         if watcher.tools.mode == CallMode::Forced {
             // The prompt ends with the opening tag (the Llama syntax has none): see
             // `CallSyntax::forced_prefix`.
-            watcher.open_call();
+            watcher.open_after_tag();
         } else if opens_thinking {
             watcher.state = State::Thinking { matched: 0 };
         }
@@ -93,18 +112,23 @@ impl CallWatcher {
     fn answer_state(&self) -> State {
         match self.tools.syntax {
             CallSyntax::LlamaJson => State::Start,
-            CallSyntax::Hermes | CallSyntax::Mistral => State::Text,
+            CallSyntax::Hermes | CallSyntax::Mistral | CallSyntax::MistralArgs { .. } => {
+                State::Text
+            }
         }
     }
 
     /// The constraint the next token must satisfy: set while a call is written.
-    pub fn constraint(&mut self) -> Option<&mut JsonConstraint> {
-        self.constraint.as_mut()
+    pub fn constraint(&mut self) -> Option<CallConstraint<'_>> {
+        if let Some(header) = &self.header {
+            return Some(CallConstraint::Header(header));
+        }
+        self.constraint.as_mut().map(CallConstraint::Json)
     }
 
-    /// Whether the next token is free (no call's JSON is being written).
+    /// Whether the next token is free (no call is being written).
     pub fn is_free(&self) -> bool {
-        self.constraint.is_none()
+        self.constraint.is_none() && self.header.is_none()
     }
 
     /// The syntax the calls are written in.
@@ -131,10 +155,11 @@ impl CallWatcher {
     /// as the text it was, so nothing written is lost.
     pub fn finish(&mut self) -> Vec<u8> {
         let mut text = std::mem::take(&mut self.held);
-        if self.state == State::Call {
+        if matches!(self.state, State::Call | State::Header) {
             text.append(&mut self.tag);
             text.append(&mut self.json);
             self.constraint = None;
+            self.header = None;
         }
         self.state = State::Ended;
         text
@@ -186,6 +211,7 @@ impl CallWatcher {
                 self.text_byte(b, out);
             }
             State::Text => self.text_byte(b, out),
+            State::Header => self.header_byte(b, out),
             State::Call => self.call_byte(b, out),
             State::AfterCall { matched } => {
                 let close = CALL_CLOSE.as_bytes();
@@ -214,7 +240,7 @@ impl CallWatcher {
         let open = open.as_bytes();
         if self.held == open {
             self.tag = std::mem::take(&mut self.held);
-            self.open_call();
+            self.open_after_tag();
             return;
         }
         // Keep the shortest tail that may still begin the tag; the rest is text.
@@ -222,6 +248,38 @@ impl CallWatcher {
             .find(|&k| open.starts_with(&self.held[k..]))
             .unwrap_or(self.held.len());
         out.text.extend(self.held.drain(..keep_from));
+    }
+
+    /// What follows the opening tag: the call's header in the `[ARGS]` syntax, its
+    /// JSON in the others.
+    fn open_after_tag(&mut self) {
+        if let CallSyntax::MistralArgs { call_ids } = self.tools.syntax {
+            self.header = Some(CallHeader::new(self.tools.callable.clone(), call_ids));
+            self.state = State::Header;
+        } else {
+            self.open_call();
+        }
+    }
+
+    fn header_byte(&mut self, b: u8, out: &mut Watched) {
+        let Some(header) = &mut self.header else {
+            return;
+        };
+        self.tag.push(b);
+        match header.accept(&[b]) {
+            HeaderCheck::Partial => {}
+            // Only bytes no mask checked can be refused (see `call_byte`).
+            HeaderCheck::Invalid => out.text.extend(self.finish_as_text()),
+            HeaderCheck::Done { tool, id } => {
+                self.header = None;
+                self.named = Some((self.tools.callable[tool].clone(), id));
+                self.json.clear();
+                self.constraint = Some(JsonConstraint::after_whitespace(
+                    self.tools.arguments[tool].clone(),
+                ));
+                self.state = State::Call;
+            }
+        }
     }
 
     fn open_call(&mut self) {
@@ -252,6 +310,11 @@ impl CallWatcher {
         let syntax = self.tools.syntax;
         let calls = match syntax {
             CallSyntax::Mistral => parse_call_list(&self.json, syntax),
+            CallSyntax::MistralArgs { .. } => self
+                .named
+                .take()
+                .and_then(|(name, id)| named_call(&self.json, name, id, syntax))
+                .map(|call| vec![call]),
             _ => parse_call(&self.json, syntax).map(|call| vec![call]),
         };
         match calls {
@@ -265,11 +328,12 @@ impl CallWatcher {
                 // parallel calls are allowed.
                 let more = self.tools.parallel
                     && self.tools.mode == CallMode::Auto
-                    && syntax == CallSyntax::Hermes;
-                self.state = if more {
-                    State::AfterCall { matched: 0 }
-                } else {
-                    State::Ended
+                    && syntax != CallSyntax::Mistral;
+                self.state = match syntax {
+                    CallSyntax::Hermes if more => State::AfterCall { matched: 0 },
+                    // The next call opens with its own tag.
+                    CallSyntax::MistralArgs { .. } if more => State::Text,
+                    _ => State::Ended,
                 };
             }
             None => out.text.extend(self.finish_as_text()),
@@ -281,6 +345,8 @@ impl CallWatcher {
         let mut text = std::mem::take(&mut self.tag);
         text.append(&mut self.json);
         self.constraint = None;
+        self.header = None;
+        self.named = None;
         self.state = State::Text;
         text
     }
@@ -301,6 +367,22 @@ fn parse_call_list(json: &[u8], syntax: CallSyntax) -> Option<Vec<ToolCall>> {
         .map(|call| call_of(call, syntax))
         .collect();
     calls.filter(|c| !c.is_empty())
+}
+
+/// A call in the `[ARGS]` syntax: the header's name and id (a new one when the model
+/// wrote none), and the arguments' complete object.
+fn named_call(
+    json: &[u8],
+    name: String,
+    id: Option<String>,
+    syntax: CallSyntax,
+) -> Option<ToolCall> {
+    let arguments: serde_json::Value = serde_json::from_slice(json).ok()?;
+    arguments.is_object().then(|| ToolCall {
+        id: id.unwrap_or_else(|| syntax.new_call_id()),
+        name,
+        arguments: arguments.to_string(),
+    })
 }
 
 fn call_of(value: &serde_json::Value, syntax: CallSyntax) -> Option<ToolCall> {
@@ -346,6 +428,14 @@ mod tests {
         ToolSet::prepare(&[weather, time], &choice, parallel, syntax)
             .unwrap()
             .unwrap()
+    }
+
+    /// The JSON constraint of the call being written.
+    fn json_of(w: &mut CallWatcher) -> &mut JsonConstraint {
+        match w.constraint() {
+            Some(CallConstraint::Json(c)) => c,
+            _ => panic!("no call's JSON is being written"),
+        }
     }
 
     /// Feeds `text` in pieces of `step` bytes; the text, the calls and whether it ended.
@@ -476,7 +566,7 @@ mod tests {
             false,
         );
         w.push(b"{");
-        let c = w.constraint().unwrap();
+        let c = json_of(&mut w);
         assert!(c.accept(br#""name": "get_time", "#));
         assert!(!c.clone().accept(br#""arguments""#));
         assert!(c.accept(br#""parameters": {}}"#));
@@ -507,7 +597,7 @@ mod tests {
     fn calls_are_held_to_the_offered_tools() {
         let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
         w.push(b"<tool_call>");
-        let c = w.constraint().unwrap();
+        let c = json_of(&mut w);
         assert!(c.accept(br#"{"name": "get_"#));
         let mut refused = c.clone();
         assert!(!refused.accept(b"x"), "no tool is named get_x");
@@ -604,5 +694,71 @@ mod tests {
             (out.as_str(), calls.len(), end),
             (r#"[{"name": "get_ti"#, 0, false)
         );
+    }
+
+    fn args_tools(call_ids: bool, choice: ToolChoice, parallel: bool) -> ToolSet {
+        tools_in(CallSyntax::MistralArgs { call_ids }, choice, parallel)
+    }
+
+    #[test]
+    fn args_calls_are_a_held_header_then_the_tools_own_arguments() {
+        let text =
+            "Sure. [TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}[TOOL_CALLS]get_time[ARGS]{}";
+        for step in 1..=9 {
+            let mut w = CallWatcher::new(args_tools(false, ToolChoice::Auto, true), false);
+            let (out, calls, end) = run(&mut w, text, step);
+            assert_eq!(out, "Sure. ", "step {step}");
+            assert!(!end, "more calls (or text) may follow");
+            assert_eq!(calls.len(), 2, "step {step}");
+            assert_eq!(
+                (calls[0].name.as_str(), calls[0].arguments.as_str()),
+                ("get_weather", r#"{"city":"Oslo"}"#)
+            );
+            assert_eq!(
+                (calls[1].name.as_str(), calls[1].arguments.as_str()),
+                ("get_time", "{}")
+            );
+            assert_eq!(calls[0].id.len(), 9);
+        }
+        // One call only: the first ends the answer.
+        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Auto, false), false);
+        let (_, calls, end) = run(&mut w, text, 5);
+        assert_eq!((calls.len(), end), (1, true));
+    }
+
+    #[test]
+    fn the_header_and_then_the_arguments_are_constrained() {
+        let mut w = CallWatcher::new(args_tools(true, ToolChoice::Auto, true), false);
+        assert!(w.is_free());
+        w.push(b"[TOOL_CALLS]");
+        assert!(matches!(w.constraint(), Some(CallConstraint::Header(_))));
+        assert!(!w.is_free());
+        w.push(b"get_weather[CALL_ID]a1B2c3D4e");
+        assert!(matches!(w.constraint(), Some(CallConstraint::Header(_))));
+        w.push(b"[ARGS]");
+        // The arguments are held to get_weather's own schema: `city` is required.
+        let c = json_of(&mut w);
+        assert!(!c.clone().accept(b"{}"));
+        let done = w.push(br#"{"city": "Oslo"}"#);
+        assert_eq!(done.calls.len(), 1);
+        assert_eq!(done.calls[0].id, "a1B2c3D4e", "the id the model wrote");
+        assert!(w.is_free());
+    }
+
+    #[test]
+    fn an_args_header_no_mask_checked_that_fits_no_tool_is_text() {
+        // The rest of the token that wrote the tag is the only unchecked text.
+        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Auto, true), false);
+        let (out, calls, _) = run(&mut w, "[TOOL_CALLS]nope and more", 64);
+        assert_eq!(out, "[TOOL_CALLS]nope and more");
+        assert!(calls.is_empty());
+        // Cut short in the header or the arguments: all of it comes back as text.
+        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Required, true), false);
+        assert!(matches!(w.constraint(), Some(CallConstraint::Header(_))));
+        let (out, calls, end) = run(&mut w, "get_wea", 3);
+        assert_eq!((out.as_str(), calls.len(), end), ("get_wea", 0, false));
+        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Required, true), false);
+        let (out, _, _) = run(&mut w, "get_time[ARGS]{\"a", 3);
+        assert_eq!(out, "get_time[ARGS]{\"a");
     }
 }
