@@ -17,6 +17,7 @@ use crate::text::sampler::TokenFilter;
 use crate::text::tools::header::HeaderFilter;
 use crate::text::tools::watch::CallConstraint;
 use crate::text::tools::CallSyntax;
+use crate::text::StreamDecoder;
 use crate::text::Tokenizer;
 
 use super::jobs::{CacheLoad, Shared};
@@ -648,10 +649,16 @@ fn choose_tokens(
 
 /// The bytes of `token` a tool-call watcher reads: a control token's only when it is a
 /// call tag of the syntax (some vocabularies make `<tool_call>` one; `[TOOL_CALLS]` is
-/// one in Mistral's), as the text stream drops the others.
-pub(super) fn tool_watch_bytes(tok: &Tokenizer, token: u32, syntax: CallSyntax) -> &[u8] {
+/// one in Mistral's) or the text stream shows it (a thinking tag), as the stream drops
+/// the others.
+pub(super) fn tool_watch_bytes<'t>(
+    tok: &'t Tokenizer,
+    token: u32,
+    syntax: CallSyntax,
+    decoder: &StreamDecoder,
+) -> &'t [u8] {
     let bytes = tok.token_bytes(token);
-    if tok.is_control(token) && !syntax.is_tag(bytes) {
+    if !decoder.renders(tok, token) && !syntax.is_tag(bytes) {
         &[]
     } else {
         bytes
@@ -679,7 +686,7 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
         let delta = match &mut s.tools {
             None => s.decoder.push(tok, token),
             Some(tools) => {
-                let watched = tools.push(tool_watch_bytes(tok, token, tools.syntax()));
+                let watched = tools.push(tool_watch_bytes(tok, token, tools.syntax(), &s.decoder));
                 let first = tools.calls() - watched.calls.len() as u32;
                 for (index, call) in (first..).zip(watched.calls) {
                     s.send_tool_call(index, call);

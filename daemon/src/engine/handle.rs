@@ -18,7 +18,7 @@ use spark_client::protocol::{
 use crate::backend::{Backend, CpuBackend, DeviceReport};
 use crate::model::{Model, BLOCK_TOKENS};
 use crate::text::constraint::JsonConstraint;
-use crate::text::reasoning::{prompt_opens_thinking, ReasoningSplitter};
+use crate::text::reasoning::{prompt_opens_thinking, ReasoningSplitter, ThinkTags};
 use crate::text::schema::Schema;
 use crate::text::tools::watch::CallWatcher;
 use crate::text::tools::{CallMode, CallSyntax, ToolSet};
@@ -107,6 +107,9 @@ pub struct EngineHandle {
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
+    /// The tags the model thinks in, and those of them that are control tokens.
+    think: ThinkTags,
+    think_controls: Vec<u32>,
     shared: Arc<Shared>,
     config: EngineConfig,
     context: usize,
@@ -181,6 +184,8 @@ impl EngineHandle {
                 ChatTemplate::from_gguf(model.file.metadata()).map_err(EngineError::Template)?
             }
         };
+        let think = ThinkTags::of_vocabulary(&tokenizer);
+        let think_controls = think.control_ids(&tokenizer);
         let context = config
             .context_limit
             .map_or(model.config.context_length, |c| {
@@ -234,6 +239,8 @@ impl EngineHandle {
                 max_per_uid: config.max_per_uid,
             }),
             model,
+            think,
+            think_controls,
             tokenizer,
             template,
             shared,
@@ -369,7 +376,7 @@ impl EngineHandle {
         Prompt {
             tokens: self.tokenizer.encode(text, true, true),
             chat: true,
-            opens_thinking: prompt_opens_thinking(text),
+            opens_thinking: prompt_opens_thinking(text, self.think),
         }
     }
 
@@ -453,7 +460,7 @@ impl EngineHandle {
             && prompt.chat
             && json.is_none()
             && tools.as_ref().is_none_or(|t| t.mode == CallMode::Auto))
-        .then(|| ReasoningSplitter::new(prompt.opens_thinking));
+        .then(|| ReasoningSplitter::new(prompt.opens_thinking, self.think));
         let opens_thinking = prompt.opens_thinking;
         let tokens = prompt.tokens;
         if tokens.is_empty() {
@@ -514,10 +521,10 @@ impl EngineHandle {
             max_tokens,
             table: Default::default(),
             sampler,
-            decoder: StreamDecoder::skipping_control(),
+            decoder: StreamDecoder::skipping_control_but(self.think_controls.clone()),
             stop: StopMatcher::new(&req.stop),
             json,
-            tools: tools.map(|t| CallWatcher::new(t, opens_thinking)),
+            tools: tools.map(|t| CallWatcher::new(t, opens_thinking, self.think)),
             reasoning,
             logprobs: req.logprobs,
             events: sub.events,

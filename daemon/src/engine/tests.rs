@@ -1160,7 +1160,8 @@ fn the_watcher_reads_a_control_token_only_when_it_is_a_tag_of_the_syntax() {
     }
     let tok = crate::text::Tokenizer::new(spec).expect("a vocabulary");
     let id = |text: &str| tok.token_id(text).expect(text);
-    let read = |text: &str, syntax| tool_watch_bytes(&tok, id(text), syntax).to_vec();
+    let stream = crate::text::StreamDecoder::skipping_control();
+    let read = |text: &str, syntax| tool_watch_bytes(&tok, id(text), syntax, &stream).to_vec();
     assert_eq!(read("[TOOL_CALLS]", CallSyntax::Mistral), b"[TOOL_CALLS]");
     assert_eq!(read("[TOOL_CALLS]", CallSyntax::Hermes), b"");
     assert_eq!(read("<tool_call>", CallSyntax::Hermes), b"<tool_call>");
@@ -1170,4 +1171,10 @@ fn the_watcher_reads_a_control_token_only_when_it_is_a_tag_of_the_syntax() {
     assert_eq!(read("<|im_end|>", CallSyntax::LlamaJson), b"");
     // Text tokens pass whatever the syntax.
     assert_eq!(read("hello", CallSyntax::Mistral), b"hello");
+    // So do control tokens the text stream shows (a model's thinking tags).
+    let shows_inst = crate::text::StreamDecoder::skipping_control_but(vec![id("[INST]")]);
+    assert_eq!(
+        tool_watch_bytes(&tok, id("[INST]"), CallSyntax::Hermes, &shows_inst),
+        b"[INST]"
+    );
 }

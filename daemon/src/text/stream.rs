@@ -14,6 +14,8 @@ pub struct StreamDecoder {
     /// Bytes of an incomplete character at the end of the stream so far (at most 3).
     pending: Vec<u8>,
     skip_control: bool,
+    /// Control tokens rendered all the same (a model's thinking tags).
+    shown: Vec<u32>,
 }
 
 impl StreamDecoder {
@@ -28,12 +30,27 @@ impl StreamDecoder {
         Self {
             pending: Vec::new(),
             skip_control: true,
+            shown: Vec::new(),
         }
+    }
+
+    /// [`Self::skipping_control`], but rendering the control tokens `shown` (the
+    /// `[THINK]` tags of Mistral's reasoning models, which belong to the text).
+    pub fn skipping_control_but(shown: Vec<u32>) -> Self {
+        Self {
+            shown,
+            ..Self::skipping_control()
+        }
+    }
+
+    /// Whether token `id` has text in this stream.
+    pub fn renders(&self, tokenizer: &Tokenizer, id: u32) -> bool {
+        !(self.skip_control && tokenizer.is_control(id) && !self.shown.contains(&id))
     }
 
     /// The text that token `id` completes; empty while a character is still incomplete.
     pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> String {
-        if self.skip_control && tokenizer.is_control(id) {
+        if !self.renders(tokenizer, id) {
             return String::new();
         }
         self.push_bytes(tokenizer.token_bytes(id))

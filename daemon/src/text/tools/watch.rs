@@ -20,7 +20,7 @@ use spark_client::protocol::ToolCall;
 use super::header::{CallHeader, HeaderCheck};
 use super::{CallMode, CallSyntax, ToolSet, CALL_CLOSE};
 use crate::text::constraint::JsonConstraint;
-use crate::text::reasoning;
+use crate::text::reasoning::ThinkTags;
 
 /// What one token's bytes made of the answer.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -73,6 +73,7 @@ pub struct CallWatcher {
     header: Option<CallHeader>,
     named: Option<(String, Option<String>)>,
     calls: u32,
+    think: ThinkTags,
 }
 
 /// What the next token must satisfy while a call is written.
@@ -85,8 +86,8 @@ pub enum CallConstraint<'a> {
 
 impl CallWatcher {
     /// `opens_thinking`: the prompt ends inside the model's thinking (see
-    /// [`reasoning::prompt_opens_thinking`]).
-    pub fn new(tools: ToolSet, opens_thinking: bool) -> Self {
+    /// [`crate::text::reasoning::prompt_opens_thinking`]).
+    pub fn new(tools: ToolSet, opens_thinking: bool, think: ThinkTags) -> Self {
         let mut watcher = Self {
             tools,
             state: State::Leading,
@@ -97,6 +98,7 @@ impl CallWatcher {
             header: None,
             named: None,
             calls: 0,
+            think,
         };
         if watcher.tools.mode == CallMode::Forced {
             // The prompt ends with the opening tag (the Llama syntax has none): see
@@ -170,7 +172,7 @@ impl CallWatcher {
             State::Ended => {}
             State::Leading => {
                 self.held.push(b);
-                let open = reasoning::OPEN.as_bytes();
+                let open = self.think.open.as_bytes();
                 let rest = self.held.trim_ascii_start();
                 if rest == open {
                     out.text.append(&mut self.held);
@@ -185,7 +187,7 @@ impl CallWatcher {
             }
             State::Thinking { matched } => {
                 out.text.push(b);
-                let close = reasoning::CLOSE.as_bytes();
+                let close = self.think.close.as_bytes();
                 self.state = if close[matched] == b && matched + 1 == close.len() {
                     self.answer_state()
                 } else if close[matched] == b {
@@ -193,7 +195,7 @@ impl CallWatcher {
                         matched: matched + 1,
                     }
                 } else {
-                    // The tag's only `<` is its first byte.
+                    // Each tag's first byte (`<`, `[`) is in it only once.
                     State::Thinking {
                         matched: usize::from(b == close[0]),
                     }
@@ -456,7 +458,7 @@ mod tests {
     #[test]
     fn text_without_calls_passes_through_whole() {
         for step in [1, 3, 64] {
-            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
             let text = "a < b, <tool and <tool_cal> are not tags; x<";
             let (out, calls, end) = run(&mut w, text, step);
             assert_eq!(out, text);
@@ -468,7 +470,7 @@ mod tests {
     fn calls_are_taken_out_of_the_text_at_any_token_split() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
         for step in 1..=12 {
-            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
             let (out, calls, end) = run(&mut w, text, step);
             assert_eq!(out, "Let me check.\n", "step {step}");
             assert!(!end);
@@ -484,7 +486,7 @@ mod tests {
 
     #[test]
     fn the_constraint_holds_only_while_a_call_is_written() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
         assert!(w.is_free());
         w.push(b"Hi <tool_");
         assert!(w.is_free());
@@ -499,7 +501,7 @@ mod tests {
 
     #[test]
     fn a_forced_call_starts_at_once_and_ends_the_answer() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Required, true), false);
+        let mut w = CallWatcher::new(tools(ToolChoice::Required, true), false, ThinkTags::XML);
         assert!(!w.is_free(), "the prompt wrote the tag");
         let (out, calls, end) = run(
             &mut w,
@@ -513,7 +515,7 @@ mod tests {
 
     #[test]
     fn a_call_that_is_cut_short_is_given_back_as_text() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
         let text = "<tool_call>\n{\"name\": \"get_weather\", \"argu";
         let (out, calls, _) = run(&mut w, text, 4);
         assert_eq!(out, text);
@@ -523,7 +525,7 @@ mod tests {
     #[test]
     fn a_tag_followed_by_what_no_call_begins_with_is_text() {
         // The rest of the tag's token is refused by the call schema: no call.
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
         let (out, calls, _) = run(&mut w, "<tool_call>oops, a tag", 64);
         assert_eq!(out, "<tool_call>oops, a tag");
         assert!(calls.is_empty());
@@ -536,6 +538,7 @@ mod tests {
             let mut w = CallWatcher::new(
                 tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
                 false,
+                ThinkTags::XML,
             );
             assert!(
                 w.is_free(),
@@ -555,6 +558,7 @@ mod tests {
         let mut w = CallWatcher::new(
             tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
             false,
+            ThinkTags::XML,
         );
         let text = "  It is {\"name\": \"get_time\", \"parameters\": {}} <tool_call>";
         let (out, calls, end) = run(&mut w, text, 3);
@@ -564,6 +568,7 @@ mod tests {
         let mut w = CallWatcher::new(
             tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
             false,
+            ThinkTags::XML,
         );
         w.push(b"{");
         let c = json_of(&mut w);
@@ -577,6 +582,7 @@ mod tests {
         let mut w = CallWatcher::new(
             tools_in(CallSyntax::LlamaJson, ToolChoice::Required, true),
             false,
+            ThinkTags::XML,
         );
         assert!(!w.is_free(), "no tag: the answer is the call");
         let (out, calls, end) = run(&mut w, "{\"name\": \"get_time\", \"parameters\": {}}", 4);
@@ -586,6 +592,7 @@ mod tests {
         let mut w = CallWatcher::new(
             tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
             false,
+            ThinkTags::XML,
         );
         let text = " {\"name\": \"get_weather\", \"param";
         let (out, calls, _) = run(&mut w, text, 4);
@@ -595,7 +602,7 @@ mod tests {
 
     #[test]
     fn calls_are_held_to_the_offered_tools() {
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
         w.push(b"<tool_call>");
         let c = json_of(&mut w);
         assert!(c.accept(br#"{"name": "get_"#));
@@ -611,13 +618,13 @@ mod tests {
         let call = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
         let thinking = "<think>\nI could write <tool_call> here.\n</think>\n\n";
         for step in 1..=9 {
-            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
             let (out, calls, _) = run(&mut w, &format!("  {thinking}{call}"), step);
             assert_eq!(out, format!("  {thinking}"), "step {step}");
             assert_eq!(calls.len(), 1, "step {step}");
             assert_eq!(calls[0].name, "get_time");
             // The prompt opened the thinking: only its closing tag is written.
-            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), true);
+            let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), true, ThinkTags::XML);
             let text = format!("Mentioning <tool_call> {{\"name\": 1}}</think>{call}");
             let (out, calls, _) = run(&mut w, &text, step);
             assert_eq!(
@@ -630,6 +637,7 @@ mod tests {
         let mut w = CallWatcher::new(
             tools_in(CallSyntax::LlamaJson, ToolChoice::Auto, true),
             false,
+            ThinkTags::XML,
         );
         let text = "<think>{no}</think>\n{\"name\": \"get_time\", \"parameters\": {}}";
         let (out, calls, end) = run(&mut w, text, 3);
@@ -637,12 +645,12 @@ mod tests {
         assert_eq!(out, "<think>{no}</think>");
         assert!(end && calls.len() == 1);
         // `<think>` later in the answer is nothing special.
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
         let (out, calls, _) = run(&mut w, &format!("Hi <think> {call}"), 4);
         assert_eq!(out, "Hi <think> ");
         assert_eq!(calls.len(), 1);
         // Held bytes that turn out not to open a thinking block are not lost.
-        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(tools(ToolChoice::Auto, true), false, ThinkTags::XML);
         let (out, calls, _) = run(&mut w, " <thin", 2);
         assert_eq!(out, " <thin");
         assert!(calls.is_empty());
@@ -652,8 +660,11 @@ mod tests {
     fn mistral_calls_are_one_array_after_the_tag_and_end_the_answer() {
         let text = "Checking. [TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}, {\"name\": \"get_time\", \"arguments\": {}}]";
         for step in 1..=14 {
-            let mut w =
-                CallWatcher::new(tools_in(CallSyntax::Mistral, ToolChoice::Auto, true), false);
+            let mut w = CallWatcher::new(
+                tools_in(CallSyntax::Mistral, ToolChoice::Auto, true),
+                false,
+                ThinkTags::XML,
+            );
             let (out, calls, end) = run(&mut w, text, step);
             assert_eq!(out, "Checking. ", "step {step}");
             assert!(end, "the array holds every call of the turn");
@@ -668,7 +679,11 @@ mod tests {
             assert_ne!(calls[0].id, calls[1].id);
         }
         // A bracket or a tag's beginning in text is only text.
-        let mut w = CallWatcher::new(tools_in(CallSyntax::Mistral, ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(
+            tools_in(CallSyntax::Mistral, ToolChoice::Auto, true),
+            false,
+            ThinkTags::XML,
+        );
         let text = "[1, 2] and [TOOL_CALL] and [TOOL_";
         let (out, calls, end) = run(&mut w, text, 2);
         assert_eq!(out, text);
@@ -680,6 +695,7 @@ mod tests {
         let mut w = CallWatcher::new(
             tools_in(CallSyntax::Mistral, ToolChoice::Required, false),
             false,
+            ThinkTags::XML,
         );
         assert!(!w.is_free(), "the prompt wrote `[TOOL_CALLS]`");
         let (out, calls, end) = run(&mut w, r#"[{"name": "get_time", "arguments": {}}]"#, 4);
@@ -688,6 +704,7 @@ mod tests {
         let mut w = CallWatcher::new(
             tools_in(CallSyntax::Mistral, ToolChoice::Required, false),
             false,
+            ThinkTags::XML,
         );
         let (out, calls, end) = run(&mut w, r#"[{"name": "get_ti"#, 4);
         assert_eq!(
@@ -705,7 +722,11 @@ mod tests {
         let text =
             "Sure. [TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}[TOOL_CALLS]get_time[ARGS]{}";
         for step in 1..=9 {
-            let mut w = CallWatcher::new(args_tools(false, ToolChoice::Auto, true), false);
+            let mut w = CallWatcher::new(
+                args_tools(false, ToolChoice::Auto, true),
+                false,
+                ThinkTags::XML,
+            );
             let (out, calls, end) = run(&mut w, text, step);
             assert_eq!(out, "Sure. ", "step {step}");
             assert!(!end, "more calls (or text) may follow");
@@ -721,14 +742,22 @@ mod tests {
             assert_eq!(calls[0].id.len(), 9);
         }
         // One call only: the first ends the answer.
-        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Auto, false), false);
+        let mut w = CallWatcher::new(
+            args_tools(false, ToolChoice::Auto, false),
+            false,
+            ThinkTags::XML,
+        );
         let (_, calls, end) = run(&mut w, text, 5);
         assert_eq!((calls.len(), end), (1, true));
     }
 
     #[test]
     fn the_header_and_then_the_arguments_are_constrained() {
-        let mut w = CallWatcher::new(args_tools(true, ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(
+            args_tools(true, ToolChoice::Auto, true),
+            false,
+            ThinkTags::XML,
+        );
         assert!(w.is_free());
         w.push(b"[TOOL_CALLS]");
         assert!(matches!(w.constraint(), Some(CallConstraint::Header(_))));
@@ -748,17 +777,47 @@ mod tests {
     #[test]
     fn an_args_header_no_mask_checked_that_fits_no_tool_is_text() {
         // The rest of the token that wrote the tag is the only unchecked text.
-        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Auto, true), false);
+        let mut w = CallWatcher::new(
+            args_tools(false, ToolChoice::Auto, true),
+            false,
+            ThinkTags::XML,
+        );
         let (out, calls, _) = run(&mut w, "[TOOL_CALLS]nope and more", 64);
         assert_eq!(out, "[TOOL_CALLS]nope and more");
         assert!(calls.is_empty());
         // Cut short in the header or the arguments: all of it comes back as text.
-        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Required, true), false);
+        let mut w = CallWatcher::new(
+            args_tools(false, ToolChoice::Required, true),
+            false,
+            ThinkTags::XML,
+        );
         assert!(matches!(w.constraint(), Some(CallConstraint::Header(_))));
         let (out, calls, end) = run(&mut w, "get_wea", 3);
         assert_eq!((out.as_str(), calls.len(), end), ("get_wea", 0, false));
-        let mut w = CallWatcher::new(args_tools(false, ToolChoice::Required, true), false);
+        let mut w = CallWatcher::new(
+            args_tools(false, ToolChoice::Required, true),
+            false,
+            ThinkTags::XML,
+        );
         let (out, _, _) = run(&mut w, "get_time[ARGS]{\"a", 3);
         assert_eq!(out, "get_time[ARGS]{\"a");
+    }
+
+    #[test]
+    fn no_call_is_taken_inside_a_mistral_models_thinking() {
+        let text = "[THINK]maybe [TOOL_CALLS]get_time[ARGS]{}?[/THINK][TOOL_CALLS]get_time[ARGS]{}";
+        for step in [1, 4, 64] {
+            let mut w = CallWatcher::new(
+                args_tools(false, ToolChoice::Auto, false),
+                false,
+                ThinkTags::MISTRAL,
+            );
+            let (out, calls, end) = run(&mut w, text, step);
+            assert_eq!(
+                out, "[THINK]maybe [TOOL_CALLS]get_time[ARGS]{}?[/THINK]",
+                "step {step}"
+            );
+            assert_eq!((calls.len(), end), (1, true), "step {step}");
+        }
     }
 }
