@@ -11,8 +11,8 @@ use crate::{
     error::ClientError,
     generation::GenerationEvent,
     protocol::{
-        CacheReport, DoneEvent, GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport,
-        TokenPiece,
+        CacheReport, ChatFormatReport, DoneEvent, GenerateRequest, JobRecord, ModelInfo,
+        OutputFormat, StatusReport, TokenPiece,
     },
 };
 
@@ -75,6 +75,11 @@ impl Client {
     /// The prefix cache's state and totals (daemons speaking protocol 1.2 or later).
     pub fn cache_status(&self) -> Result<CacheReport, ClientError> {
         self.runtime.block_on(self.inner.cache_status())
+    }
+
+    /// How the daemon renders the model's chats (daemons speaking protocol 1.8 or later).
+    pub fn chat_format(&self) -> Result<ChatFormatReport, ClientError> {
+        self.runtime.block_on(self.inner.chat_format())
     }
 
     pub fn jobs(&self, limit: u32) -> Result<Vec<JobRecord>, ClientError> {

@@ -25,9 +25,9 @@ use crate::{
     error::ClientError,
     generation::{Generation, GenerationEvent},
     protocol::{
-        CacheReport, ClientMessage, ErrorEvent, ErrorKind, ExternalJob, GenerateOption,
-        GenerateRequest, Hello, JobRecord, ModelInfo, OutputFormat, ServerMessage, StatusReport,
-        TokenPiece, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+        CacheReport, ChatFormatReport, ClientMessage, ErrorEvent, ErrorKind, ExternalJob,
+        GenerateOption, GenerateRequest, Hello, JobRecord, ModelInfo, OutputFormat, ServerMessage,
+        StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
     },
 };
 
@@ -252,6 +252,17 @@ impl Client {
         }
     }
 
+    /// How the daemon renders the model's chats and reads its answers: the tool-call
+    /// syntax, the thinking tags, the template's switches. Needs a daemon speaking
+    /// protocol 1.8 or later (an older one gives `VersionMismatch`, and the connection
+    /// stays usable).
+    pub async fn chat_format(&self) -> Result<ChatFormatReport, ClientError> {
+        match self.request(|id| ClientMessage::ChatFormat { id }).await? {
+            ServerMessage::ChatFormat { format, .. } => Ok(format),
+            other => Err(unexpected("ChatFormat", &other)),
+        }
+    }
+
     /// The most recent finished jobs, newest first, at most `limit`.
     pub async fn jobs(&self, limit: u32) -> Result<Vec<JobRecord>, ClientError> {
         match self.request(|id| ClientMessage::Jobs { id, limit }).await? {
@@ -363,6 +374,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::ToolCall(_) => "ToolCall",
         ServerMessage::Reasoning(_) => "Reasoning",
         ServerMessage::CacheStatus { .. } => "CacheStatus",
+        ServerMessage::ChatFormat { .. } => "ChatFormat",
     }
 }
 
@@ -512,7 +524,8 @@ impl Routes {
             | ServerMessage::Jobs { id, .. }
             | ServerMessage::Models { id, .. }
             | ServerMessage::Recorded { id, .. }
-            | ServerMessage::CacheStatus { id, .. } => *id,
+            | ServerMessage::CacheStatus { id, .. }
+            | ServerMessage::ChatFormat { id, .. } => *id,
             // A second Welcome, or a connection error (handled by the caller): no route.
             ServerMessage::Welcome(_) | ServerMessage::Error(ErrorEvent { id: None, .. }) => return,
         };

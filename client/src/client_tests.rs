@@ -466,6 +466,15 @@ async fn cache_status_is_refused_locally_by_a_1_1_daemon() {
 }
 
 #[tokio::test]
+async fn chat_format_is_refused_locally_by_a_1_7_daemon() {
+    let (client, daemon) = connected_minor(7).await;
+    let err = client.chat_format().await.expect_err("1.7 daemon");
+    assert!(matches!(err, ClientError::VersionMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("1.8 can"), "{err}");
+    assert_nothing_was_sent(client, daemon).await;
+}
+
+#[tokio::test]
 async fn record_job_is_refused_locally_by_a_1_0_daemon() {
     let (client, daemon) = connected().await;
     let err = client

@@ -25,6 +25,8 @@ pub const MAX_LOGIT_BIAS: usize = 65_536;
 pub const MAX_GENERATE_OPTIONS: usize = 16;
 /// Bytes of one request's chat-template variables (the JSON object's text).
 pub const MAX_TEMPLATE_VARIABLES_BYTES: usize = 64 * 1024;
+/// Variable names a `ChatFormatReport` lists (a template reads a handful).
+pub const MAX_TEMPLATE_SWITCHES: usize = 256;
 
 /// `deserialize_with` for a `Vec` of at most `N` elements: a longer list is a decoding
 /// error before anything is allocated for it.

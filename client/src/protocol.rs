@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 7;
+pub const PROTOCOL_MINOR: u16 = 8;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -76,6 +76,11 @@ pub enum ClientMessage {
             deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_GENERATE_OPTIONS }>"
         )]
         options: Vec<GenerateOption>,
+    },
+    /// How the loaded model's chats are rendered and read. Since 1.8; the daemon answers
+    /// `ChatFormat`.
+    ChatFormat {
+        id: u64,
     },
 }
 
@@ -204,6 +209,11 @@ pub enum ServerMessage {
     /// 1.6 or later: older clients get the reasoning in the tokens' text, as before.
     /// Since 1.6.
     Reasoning(ReasoningEvent),
+    /// The answer to `ClientMessage::ChatFormat`. Since 1.8.
+    ChatFormat {
+        id: u64,
+        format: ChatFormatReport,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,6 +239,7 @@ impl ClientMessage {
         match self {
             ClientMessage::RecordJob { .. } => 1,
             ClientMessage::CacheStatus { .. } => 2,
+            ClientMessage::ChatFormat { .. } => 8,
             ClientMessage::GenerateFormatted { request, format } => {
                 format.since_minor().max(request.input.since_minor())
             }
@@ -262,6 +273,7 @@ impl ServerMessage {
             ServerMessage::Prefilled(_) | ServerMessage::CacheStatus { .. } => 2,
             ServerMessage::ToolCall(_) => 5,
             ServerMessage::Reasoning(_) => 6,
+            ServerMessage::ChatFormat { .. } => 8,
             ServerMessage::Welcome(_)
             | ServerMessage::Token(_)
             | ServerMessage::Done(_)
@@ -637,6 +649,35 @@ pub struct StatusReport {
     pub prompt_tokens_processed: u64,
 }
 
+/// How the daemon renders the loaded model's chats and reads its answers (protocol
+/// 1.8), as it made them out when the model loaded: what to check when a model calls
+/// tools or thinks other than expected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatFormatReport {
+    /// Whether there is a chat template (the model's, or `--chat-template`); without
+    /// one, chat requests are refused and only raw prompts are served.
+    pub template: bool,
+    /// How tools reach the model: `hermes` (`<tool_call>` tags), `llama` (a bare JSON
+    /// call), `mistral` (`[TOOL_CALLS]` and an array), `mistral-args`
+    /// (`[TOOL_CALLS]name[ARGS]...`), `mistral-args-ids` (with `[CALL_ID]`), or
+    /// `described` (in a system message, calls in the Hermes syntax).
+    pub tools: String,
+    /// Whether the template renders system messages (when not, they are merged into
+    /// the next user message).
+    pub system_role: bool,
+    /// The tags the model's reasoning is read between, e.g. `<think>` and `</think>`.
+    pub think_open: String,
+    pub think_close: String,
+    /// The template's variables besides those the daemon sets, sorted: the switches
+    /// that `GenerateOption::TemplateVariables` can set (`enable_thinking`,
+    /// `reasoning_effort`...). At most
+    /// [`MAX_TEMPLATE_SWITCHES`](crate::limits::MAX_TEMPLATE_SWITCHES).
+    #[serde(
+        deserialize_with = "crate::limits::bounded::<_, _, { crate::limits::MAX_TEMPLATE_SWITCHES }>"
+    )]
+    pub variables: Vec<String>,
+}
+
 /// The daemon's prefix cache (protocol 1.2): what it holds now and what it saved since
 /// the daemon started. Blocks are `kv_block_tokens` positions each (see `StatusReport`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -862,6 +903,7 @@ mod tests {
                 10,
                 7,
             ),
+            (ClientMessage::ChatFormat { id: 1 }, 11, 8),
         ];
         check(&cases, ClientMessage::since_minor);
     }
@@ -1029,6 +1071,14 @@ mod tests {
                 }),
                 12,
                 6,
+            ),
+            (
+                ServerMessage::ChatFormat {
+                    id: 1,
+                    format: ChatFormatReport::default(),
+                },
+                13,
+                8,
             ),
         ];
         check(&cases, ServerMessage::since_minor);

@@ -370,3 +370,43 @@ fn real_templates_take_their_switches_as_template_variables() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The switches real templates read (what `ChatFormatReport::variables` lists): their
+/// own variables, and not those they only set for themselves.
+const VARIABLES: &[(&str, &[&str])] = &[
+    ("Qwen-Qwen3-0.6B.jinja", &["enable_thinking"]),
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", &[]),
+    (
+        "openai-gpt-oss-120b.jinja",
+        &["builtin_tools", "model_identity", "reasoning_effort"],
+    ),
+    (
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+        &["enable_thinking", "thinking"],
+    ),
+    (
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        &[
+            "builtin_tools",
+            "custom_tools",
+            "date_string",
+            "tools_in_user_message",
+        ],
+    ),
+    // `message.content` is not a variable; `content` is set by the template.
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", &[]),
+    ("unsloth-mistral-Devstral-Small-2507.jinja", &[]),
+];
+
+#[test]
+fn real_templates_list_the_switches_they_read() {
+    let Some(dir) = support::template_corpus_dir() else {
+        eprintln!("skipping: no chat-template corpus (scripts/fetch-template-corpus.sh)");
+        return;
+    };
+    for (file, expected) in VARIABLES {
+        let source = std::fs::read_to_string(dir.join(file)).expect("a template");
+        let template = ChatTemplate::new(&source).expect("compiles");
+        assert_eq!(template.variables(), *expected, "{file}");
+    }
+}

@@ -143,6 +143,11 @@ fn a_repeated_prompt_says_how_much_came_from_the_prefix_cache() {
         status["prompt_tokens_processed"].as_u64(),
         Some(3 * prompt_tokens)
     );
+    // And how it reads the model's chats: the synthetic model's ChatML template.
+    let chat = &status["chat_format"];
+    assert_eq!(chat["template"], true, "{status}");
+    assert_eq!(chat["tools"], "described", "{status}");
+    assert_eq!(chat["think_open"], "<think>", "{status}");
     let out = spark(&d.socket, &["status"]);
     let report = text(&out.stdout);
     let line = format!(
@@ -151,6 +156,10 @@ fn a_repeated_prompt_says_how_much_came_from_the_prefix_cache() {
         3 * prompt_tokens
     );
     assert!(report.contains(&line), "{report}");
+    assert!(
+        report.contains("tools described · thinks in <think>…</think>"),
+        "{report}"
+    );
 }
 
 #[test]

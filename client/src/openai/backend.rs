@@ -4,8 +4,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use crate::protocol::{
-    CacheReport, DoneEvent, ErrorKind, ExternalJob, GenerateOption, GenerateRequest, JobRecord,
-    ModelInfo, OutputFormat, PrefillEvent, ReasoningEvent, StatusReport, TokenEvent, ToolCallEvent,
+    CacheReport, ChatFormatReport, DoneEvent, ErrorKind, ExternalJob, GenerateOption,
+    GenerateRequest, JobRecord, ModelInfo, OutputFormat, PrefillEvent, ReasoningEvent,
+    StatusReport, TokenEvent, ToolCallEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -71,6 +72,14 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(async {
             Err(BackendError::Unavailable(
                 "this backend keeps no prefix cache".into(),
+            ))
+        })
+    }
+    /// How the daemon renders the model's chats (daemons speaking protocol 1.8 or later).
+    fn chat_format(&self) -> BoxFuture<'_, Result<ChatFormatReport, BackendError>> {
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "this backend reports no chat format".into(),
             ))
         })
     }

@@ -10,8 +10,8 @@ use tokio::sync::Mutex;
 
 use super::backend::{Backend, BackendError, BackendEvent, EventStream};
 use crate::protocol::{
-    CacheReport, ExternalJob, GenerateOption, GenerateRequest, JobRecord, ModelInfo, OutputFormat,
-    StatusReport,
+    CacheReport, ChatFormatReport, ExternalJob, GenerateOption, GenerateRequest, JobRecord,
+    ModelInfo, OutputFormat, StatusReport,
 };
 use crate::{Client, ClientError, GenerationEvent};
 
@@ -147,6 +147,10 @@ impl Backend for DaemonBackend {
 
     fn cache_status(&self) -> BoxFuture<'_, Result<CacheReport, BackendError>> {
         Box::pin(self.with_client(|client| async move { client.cache_status().await }))
+    }
+
+    fn chat_format(&self) -> BoxFuture<'_, Result<ChatFormatReport, BackendError>> {
+        Box::pin(self.with_client(|client| async move { client.chat_format().await }))
     }
 
     fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {

@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::generation::{self, Endpoint, ResponseMeta};
 use super::metrics::Metrics;
 use super::request::{self, ParsedRequest};
-use crate::protocol::{CacheReport, JobRecord, ModelInfo, StatusReport};
+use crate::protocol::{CacheReport, ChatFormatReport, JobRecord, ModelInfo, StatusReport};
 
 /// Jobs returned by `/v1/jobs` when no `limit` is given, and the most it returns.
 const DEFAULT_JOBS_LIMIT: u32 = 100;
@@ -254,20 +254,23 @@ pub async fn jobs(
 }
 
 /// `/v1/status`: the daemon's `StatusReport`, plus `prefix_cache` (null from a daemon
-/// older than protocol 1.2).
+/// older than protocol 1.2) and `chat_format` (null before 1.8).
 #[derive(Debug, Serialize)]
 struct StatusBody {
     #[serde(flatten)]
     status: StatusReport,
     prefix_cache: Option<CacheReport>,
+    chat_format: Option<ChatFormatReport>,
 }
 
 pub async fn status(State(state): State<AppState>) -> Result<Response, ApiError> {
     let status = state.backend.status().await?;
     let prefix_cache = state.backend.cache_status().await.ok();
+    let chat_format = state.backend.chat_format().await.ok();
     Ok(Json(StatusBody {
         status,
         prefix_cache,
+        chat_format,
     })
     .into_response())
 }

@@ -95,6 +95,7 @@ pub fn client_message() -> impl Strategy<Value = ClientMessage> {
         any::<u64>().prop_map(|id| ClientMessage::Models { id }),
         (any::<u64>(), external_job()).prop_map(|(id, job)| ClientMessage::RecordJob { id, job }),
         any::<u64>().prop_map(|id| ClientMessage::CacheStatus { id }),
+        any::<u64>().prop_map(|id| ClientMessage::ChatFormat { id }),
         (
             generate(),
             prop_oneof![Just(OutputFormat::Text), Just(OutputFormat::JsonObject)]
@@ -354,6 +355,23 @@ pub fn server_message() -> impl Strategy<Value = ServerMessage> {
                     idle_blocks: blocks[1],
                     evicted_blocks: totals[0],
                     prompt_tokens_reused: totals[1],
+                },
+            }),
+        (
+            any::<u64>(),
+            any::<[bool; 2]>(),
+            vec(text(), 0..4),
+            vec(text(), 0..4)
+        )
+            .prop_map(|(id, flags, tags, variables)| ServerMessage::ChatFormat {
+                id,
+                format: ChatFormatReport {
+                    template: flags[0],
+                    tools: tags.first().cloned().unwrap_or_default(),
+                    system_role: flags[1],
+                    think_open: tags.get(1).cloned().unwrap_or_default(),
+                    think_close: tags.get(2).cloned().unwrap_or_default(),
+                    variables,
                 },
             }),
     ]

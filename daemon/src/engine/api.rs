@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use spark_client::protocol::{
-    CacheReport, ErrorEvent, ExternalJob, FinishReason, GenerateOption, GenerateRequest, JobRecord,
-    ModelInfo, OutputFormat, ServerMessage, StatusReport, TokenPiece,
+    CacheReport, ChatFormatReport, ErrorEvent, ExternalJob, FinishReason, GenerateOption,
+    GenerateRequest, JobRecord, ModelInfo, OutputFormat, ServerMessage, StatusReport, TokenPiece,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -54,6 +54,8 @@ pub trait Engine: Send + Sync + 'static {
     fn status(&self) -> StatusReport;
     /// The prefix cache's state and totals.
     fn cache_status(&self) -> CacheReport;
+    /// How the model's chats are rendered and read.
+    fn chat_format(&self) -> ChatFormatReport;
     /// Most recent first, at most `limit`.
     fn jobs(&self, limit: usize) -> Vec<JobRecord>;
     fn models(&self) -> Vec<ModelInfo>;

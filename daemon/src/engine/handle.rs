@@ -11,8 +11,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use spark_client::limits::check_options;
 use spark_client::protocol::{
-    CacheReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason, GenerateOption, GenerateRequest,
-    JobRecord, ModelInfo, OutputFormat, PromptInput, StatusReport, TokenPiece,
+    CacheReport, ChatFormatReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason,
+    GenerateOption, GenerateRequest, JobRecord, ModelInfo, OutputFormat, PromptInput, StatusReport,
+    TokenPiece,
 };
 
 use crate::backend::{Backend, CpuBackend, DeviceReport};
@@ -20,6 +21,7 @@ use crate::model::{Model, BLOCK_TOKENS};
 use crate::text::constraint::JsonConstraint;
 use crate::text::reasoning::{prompt_opens_thinking, ReasoningSplitter, ThinkTags};
 use crate::text::schema::Schema;
+use crate::text::tools::prompt::TemplateTools;
 use crate::text::tools::watch::CallWatcher;
 use crate::text::tools::{CallMode, CallSyntax, ToolSet};
 use crate::text::{
@@ -650,6 +652,21 @@ impl Engine for EngineHandle {
             requests_served: load.requests_served,
             tokens_generated: load.tokens_generated,
             prompt_tokens_processed: load.prompt_tokens,
+        }
+    }
+
+    fn chat_format(&self) -> ChatFormatReport {
+        let template = self.template.as_ref();
+        ChatFormatReport {
+            template: template.is_some(),
+            tools: template
+                .map_or(TemplateTools::Described, ChatTemplate::tools)
+                .name()
+                .into(),
+            system_role: template.is_none_or(ChatTemplate::system_role),
+            think_open: self.think.open.into(),
+            think_close: self.think.close.into(),
+            variables: template.map(ChatTemplate::variables).unwrap_or_default(),
         }
     }
 

@@ -1178,3 +1178,32 @@ fn the_watcher_reads_a_control_token_only_when_it_is_a_tag_of_the_syntax() {
         b"[INST]"
     );
 }
+
+#[test]
+fn the_chat_format_says_how_chats_are_rendered_and_read() {
+    let format = |template: Option<&str>| {
+        let config = EngineConfig {
+            chat_template: template.map(str::to_string),
+            ..EngineConfig::new("tiny")
+        };
+        let (engine, _) = engine_of(&SynthSpec::tiny(), config, 64, None);
+        engine.chat_format()
+    };
+    // The synthetic model's ChatML template knows no tools and reads no switches.
+    let chatml = format(None);
+    assert!(chatml.template && chatml.system_role);
+    assert_eq!(chatml.tools, "described");
+    assert_eq!(
+        (chatml.think_open.as_str(), chatml.think_close.as_str()),
+        ("<think>", "</think>")
+    );
+    assert!(chatml.variables.is_empty(), "{:?}", chatml.variables);
+    let switched = format(Some(SWITCHED_THINKING_TEMPLATE));
+    assert_eq!(switched.variables, ["enable_thinking"]);
+    assert_eq!(format(Some(MISTRAL_STYLE_TEMPLATE)).tools, "mistral");
+    assert_eq!(
+        format(Some(&mistral_args_template(true))).tools,
+        "mistral-args-ids"
+    );
+    assert_eq!(format(Some(LLAMA_STYLE_TEMPLATE)).tools, "llama");
+}

@@ -341,6 +341,12 @@ impl Connection {
                     cache: self.engine.cache_status(),
                 });
             }
+            ClientMessage::ChatFormat { id } => {
+                self.reply(ServerMessage::ChatFormat {
+                    id,
+                    format: self.engine.chat_format(),
+                });
+            }
             ClientMessage::RecordJob { id, job } => {
                 self.reply(ServerMessage::Recorded {
                     id,

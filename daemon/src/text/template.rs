@@ -127,6 +127,48 @@ impl ChatTemplate {
         render(vec![system, user]).is_ok_and(|text| text.contains(NEEDLE))
     }
 
+    /// The variables the template reads that the daemon does not set, sorted: the
+    /// switches a request's `chat_template_kwargs` can set (`enable_thinking`,
+    /// `reasoning_effort`, `tools_in_user_message`...), and the dates. A name the
+    /// template assigns itself counts only where it also asks whether it is defined
+    /// (a default for a caller's value, as GPT-OSS's `reasoning_effort`): minijinja
+    /// counts a variable set under a condition (`system_message`, `loop_messages`) as
+    /// read from outside too.
+    pub fn variables(&self) -> Vec<String> {
+        let Ok(tmpl) = self.env.get_template(NAME) else {
+            return Vec::new();
+        };
+        let source = tmpl.source();
+        let globals: Vec<&str> = self.env.globals().map(|(name, _)| name).collect();
+        // `text` in the source as a whole name: not the end of `message.content`, say.
+        let has = |text: &str| {
+            source.match_indices(text).any(|(at, _)| {
+                !source[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+            })
+        };
+        let switch = |name: &str| {
+            let assigned = has(&format!("set {name} =")) || has(&format!("set {name}="));
+            let asked = ["is defined", "is not defined", "is undefined"]
+                .iter()
+                .any(|test| has(&format!("{name} {test}")));
+            !assigned || asked
+        };
+        let mut names: Vec<String> = tmpl
+            .undeclared_variables(false)
+            .into_iter()
+            .filter(|name| {
+                !super::template_vars::RESERVED.contains(&name.as_str())
+                    && !globals.contains(&name.as_str())
+                    && switch(name)
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Whether the template renders tools and tool calls itself.
     pub fn tools(&self) -> TemplateTools {
         self.tools

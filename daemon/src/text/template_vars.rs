@@ -11,7 +11,7 @@ use super::TextError;
 
 /// Variables the daemon sets itself: a request cannot replace the conversation, the
 /// tools or the generation prompt the engine relies on.
-const RESERVED: [&str; 6] = [
+pub(crate) const RESERVED: [&str; 6] = [
     "messages",
     "tools",
     "xml_tools",

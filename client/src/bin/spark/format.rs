@@ -1,7 +1,7 @@
 //! Human-readable renderings: the stats line, the jobs table, the status report.
 
 use spark_client::protocol::{
-    CacheReport, DoneEvent, FinishReason, JobRecord, PrefillEvent, StatusReport,
+    CacheReport, ChatFormatReport, DoneEvent, FinishReason, JobRecord, PrefillEvent, StatusReport,
 };
 
 /// `33.5 tok/s · 60 tokens · 1.8 s to first token`, plus how much of the prompt came
@@ -115,7 +115,11 @@ pub fn jobs_table(jobs: &[JobRecord], now_ms: u64) -> String {
 
 /// `spark status` as aligned `label  value` lines; `cache` is `None` from a daemon older
 /// than protocol 1.2 (and its line is left out).
-pub fn status_text(status: &StatusReport, cache: Option<&CacheReport>) -> String {
+pub fn status_text(
+    status: &StatusReport,
+    cache: Option<&CacheReport>,
+    chat: Option<&ChatFormatReport>,
+) -> String {
     let model = &status.model;
     let mut lines = vec![
         (
@@ -157,6 +161,11 @@ pub fn status_text(status: &StatusReport, cache: Option<&CacheReport>) -> String
         let at = after_kv.map_or(lines.len(), |i| i + 1);
         lines.insert(at, ("prefix cache", prefix_cache(status, cache)));
     }
+    if let Some(chat) = chat {
+        let after_model = lines.iter().position(|(label, _)| *label == "model");
+        let at = after_model.map_or(lines.len(), |i| i + 1);
+        lines.insert(at, ("chat", chat_format(chat)));
+    }
     let width = lines
         .iter()
         .map(|(label, _)| label.len())
@@ -167,6 +176,25 @@ pub fn status_text(status: &StatusReport, cache: Option<&CacheReport>) -> String
         .map(|(label, value)| format!("{label:<width$}  {value}"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `tools hermes · thinks in <think>…</think> · switches enable_thinking`: how the
+/// daemon renders the model's chats and reads its answers.
+fn chat_format(chat: &ChatFormatReport) -> String {
+    if !chat.template {
+        return "no chat template: raw prompts only".into();
+    }
+    let mut parts = vec![
+        format!("tools {}", chat.tools),
+        format!("thinks in {}…{}", chat.think_open, chat.think_close),
+    ];
+    if !chat.system_role {
+        parts.push("system messages merged into the user's".into());
+    }
+    if !chat.variables.is_empty() {
+        parts.push(format!("switches {}", chat.variables.join(", ")));
+    }
+    parts.join(" · ")
 }
 
 /// `21 blocks (336 tokens), 8 idle · 336 of 1000 prompt tokens reused (34%) · 5 evicted`.
@@ -454,7 +482,7 @@ mod tests {
             tokens_generated: 5,
             prompt_tokens_processed: 6,
         };
-        let text = status_text(&status, None);
+        let text = status_text(&status, None, None);
         assert!(!text.contains("prefix cache"), "{text}");
         let cache = CacheReport {
             enabled: true,
@@ -463,7 +491,7 @@ mod tests {
             evicted_blocks: 5,
             prompt_tokens_reused: 3,
         };
-        let with_cache = status_text(&status, Some(&cache));
+        let with_cache = status_text(&status, Some(&cache), None);
         assert!(
             with_cache.contains(
                 "prefix cache  21 blocks (336 tokens), 8 idle · 3 of 6 prompt tokens reused (50%) · 5 evicted"
@@ -477,7 +505,25 @@ mod tests {
             enabled: false,
             ..CacheReport::default()
         };
-        assert!(status_text(&status, Some(&off)).contains("prefix cache  off"));
+        assert!(status_text(&status, Some(&off), None).contains("prefix cache  off"));
+        let chat = ChatFormatReport {
+            template: true,
+            tools: "mistral-args".into(),
+            system_role: false,
+            think_open: "[THINK]".into(),
+            think_close: "[/THINK]".into(),
+            variables: vec!["enable_thinking".into(), "reasoning_effort".into()],
+        };
+        let with_chat = status_text(&status, None, Some(&chat));
+        let lines: Vec<&str> = with_chat.lines().collect();
+        assert!(lines[0].starts_with("model "), "{with_chat}");
+        assert_eq!(
+            lines[1],
+            "chat      tools mistral-args · thinks in [THINK]…[/THINK] · system messages merged into the user's · switches enable_thinking, reasoning_effort"
+        );
+        let none = ChatFormatReport::default();
+        assert!(status_text(&status, None, Some(&none))
+            .contains("chat      no chat template: raw prompts only"));
         for expected in [
             "smollm2-135m-instruct (llama, Q4_1, 135M params, ctx 8192)",
             "cpu · AMD EPYC (2 threads, avx2)",

@@ -132,6 +132,7 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                     ClientMessage::Tokenize { id, .. } => Some(ServerMessage::Tokens { id, tokens: Vec::new() }),
                     ClientMessage::RecordJob { id, job } => Some(ServerMessage::Recorded { id, job: job.to_record(77, None, None) }),
                     ClientMessage::CacheStatus { id } => Some(ServerMessage::CacheStatus { id, cache: super::fake::cache_report() }),
+                    ClientMessage::ChatFormat { id } => Some(ServerMessage::ChatFormat { id, format: Default::default() }),
                 };
                 if let Some(reply) = reply {
                     if framed.send(reply).await.is_err() { return; }

@@ -13,9 +13,10 @@ use crate::openai::{
     bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
 };
 use crate::protocol::{
-    CacheReport, DoneEvent, ErrorKind, FinishReason, GenerateOption, GenerateRequest, JobRecord,
-    ModelInfo, OutputFormat, PrefillEvent, PromptInput, ReasoningEvent, StatusReport, Timings,
-    TokenEvent, TokenLogprobs, ToolCall, ToolCallEvent, ToolChoice, ToolSpec, Usage,
+    CacheReport, ChatFormatReport, DoneEvent, ErrorKind, FinishReason, GenerateOption,
+    GenerateRequest, JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput, ReasoningEvent,
+    StatusReport, Timings, TokenEvent, TokenLogprobs, ToolCall, ToolCallEvent, ToolChoice,
+    ToolSpec, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -333,6 +334,17 @@ pub fn cache_report() -> CacheReport {
     }
 }
 
+pub fn chat_format_report() -> ChatFormatReport {
+    ChatFormatReport {
+        template: true,
+        tools: "mistral-args".into(),
+        system_role: true,
+        think_open: "[THINK]".into(),
+        think_close: "[/THINK]".into(),
+        variables: vec!["enable_thinking".into(), "reasoning_effort".into()],
+    }
+}
+
 fn unavailable() -> BackendError {
     BackendError::Unavailable("sparkd is not running (no daemon answers on /tmp/x.sock)".into())
 }
@@ -391,6 +403,15 @@ impl Backend for SharedFake {
             match self.0.behaviour() {
                 Behaviour::Unavailable => Err(unavailable()),
                 _ => Ok(status_report()),
+            }
+        })
+    }
+
+    fn chat_format(&self) -> BoxFuture<'_, Result<ChatFormatReport, BackendError>> {
+        Box::pin(async move {
+            match self.0.behaviour() {
+                Behaviour::Unavailable => Err(unavailable()),
+                _ => Ok(chat_format_report()),
             }
         })
     }

@@ -182,6 +182,12 @@ async fn status_and_jobs_pass_the_daemon_json_through() {
     assert_eq!(body["prefix_cache"]["enabled"], true);
     assert_eq!(body["prefix_cache"]["cached_blocks"], 10);
     assert_eq!(body["prefix_cache"]["prompt_tokens_reused"], 13);
+    assert_eq!(body["chat_format"]["tools"], "mistral-args");
+    assert_eq!(body["chat_format"]["think_open"], "[THINK]");
+    assert_eq!(
+        body["chat_format"]["variables"],
+        serde_json::json!(["enable_thinking", "reasoning_effort"])
+    );
     let (status, body) = send(client().get(server.url("/v1/jobs?limit=2"))).await;
     assert_eq!(status, 200);
     assert_eq!(body["object"], "list");

@@ -8,9 +8,9 @@ use std::{
 };
 
 use spark_client::protocol::{
-    CacheReport, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, ModelInfo,
-    OutputFormat, PrefillEvent, PromptInput, ServerMessage, StatusReport, Timings, TokenEvent,
-    TokenPiece, Usage,
+    CacheReport, ChatFormatReport, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord,
+    ModelInfo, OutputFormat, PrefillEvent, PromptInput, ServerMessage, StatusReport, Timings,
+    TokenEvent, TokenPiece, Usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -333,6 +333,17 @@ impl Engine for FakeEngine {
 
     fn cache_status(&self) -> CacheReport {
         CACHE_REPORT
+    }
+
+    fn chat_format(&self) -> ChatFormatReport {
+        ChatFormatReport {
+            template: true,
+            tools: "hermes".into(),
+            system_role: true,
+            think_open: "<think>".into(),
+            think_close: "</think>".into(),
+            variables: vec!["enable_thinking".into()],
+        }
     }
 
     fn jobs(&self, limit: usize) -> Vec<JobRecord> {

@@ -74,6 +74,15 @@ async fn cache_status_is_the_engines() {
 }
 
 #[tokio::test]
+async fn chat_format_is_the_engines() {
+    let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
+    let client = server.client().await;
+    let format = client.chat_format().await.unwrap();
+    assert_eq!(format.tools, "hermes");
+    assert_eq!(format.variables, ["enable_thinking"]);
+}
+
+#[tokio::test]
 async fn request_ids_are_unique_and_growing() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
     let client = server.client().await;

@@ -108,6 +108,17 @@ impl CallSyntax {
         }
     }
 
+    /// The syntax's name in `ChatFormatReport::tools`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CallSyntax::Hermes => "hermes",
+            CallSyntax::LlamaJson => "llama",
+            CallSyntax::Mistral => "mistral",
+            CallSyntax::MistralArgs { call_ids: false } => "mistral-args",
+            CallSyntax::MistralArgs { call_ids: true } => "mistral-args-ids",
+        }
+    }
+
     /// What opens the calls (the Llama syntax has nothing: its answer is the call).
     pub fn open_tag(self) -> Option<&'static str> {
         match self {

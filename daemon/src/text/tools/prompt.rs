@@ -102,6 +102,14 @@ impl TemplateTools {
         })
     }
 
+    /// How tools reach the model, as `ChatFormatReport::tools` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TemplateTools::Native(syntax) => syntax.name(),
+            TemplateTools::Described => "described",
+        }
+    }
+
     /// The syntax the model is to write calls in.
     pub fn syntax(self) -> CallSyntax {
         match self {
