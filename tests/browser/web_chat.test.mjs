@@ -140,6 +140,9 @@ try {
     const cache = await node.locator('[data-fact="Prefix cache"]').innerText();
     assert(/^[\d,]+ tokens cached · [\d,]+ idle blocks$/.test(cache), `prefix cache fact "${cache}"`);
     assert(text.includes('prompt tokens reused'), `node panel lacks the reuse figure: ${text}`);
+    // How the daemon reads the synthetic model's ChatML template.
+    const chat = await node.locator('[data-fact="Chat"]').innerText();
+    assert(chat === 'tools described · thinks in <think>…</think>', `chat fact "${chat}"`);
   });
 
   let firstCount = null;
@@ -328,6 +331,46 @@ try {
     await answers.nth(1).locator('.stats').waitFor();
     const sent = chatBodies[chatBodies.length - 1].messages;
     assert(sent[sent.length - 2].content === 'Hello there!', `history sent: ${JSON.stringify(sent)}`);
+  });
+
+  await check("a template's thinking switches show in the settings and go with the request", async () => {
+    await page.getByRole('button', { name: 'New chat' }).click();
+    await page.getByLabel('Max tokens').fill('4');
+    // The synthetic model's template reads no switch: none is offered.
+    assert(await page.locator('#thinking').isHidden(), 'a thinking switch for a template without one');
+    assert(await page.locator('#reasoning-effort').isHidden(), 'a reasoning effort for a template without one');
+    // A status as a Qwen 3 or GPT-OSS daemon reports it (the page polls every 2 s).
+    await page.route(`${BASE}/v1/status`, async (route) => {
+      const real = await (await route.fetch()).json();
+      real.chat_format = { ...real.chat_format, variables: ['enable_thinking', 'reasoning_effort'] };
+      await route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify(real) });
+    });
+    await page.locator('#thinking').waitFor({ state: 'visible', timeout: 6000 });
+    assert(await page.locator('#thinking-name').innerText() === 'enable_thinking', 'the switch is not named');
+    // Left at the model's default, nothing is sent.
+    await page.getByLabel('Message').fill('Hi');
+    await page.getByRole('button', { name: 'Send' }).click();
+    await answers.nth(0).locator('.stats').waitFor();
+    let sent = chatBodies[chatBodies.length - 1];
+    assert(!('chat_template_kwargs' in sent) && !('reasoning_effort' in sent), `request: ${JSON.stringify(sent)}`);
+    await page.getByLabel('Thinking').selectOption('off');
+    await page.getByLabel('Reasoning effort').selectOption('low');
+    await page.getByLabel('Message').fill('Again');
+    await page.getByRole('button', { name: 'Send' }).click();
+    await answers.nth(1).locator('.stats').waitFor();
+    sent = chatBodies[chatBodies.length - 1];
+    assert(JSON.stringify(sent.chat_template_kwargs) === '{"enable_thinking":false}', `request: ${JSON.stringify(sent)}`);
+    assert(sent.reasoning_effort === 'low', `request: ${JSON.stringify(sent)}`);
+    await page.screenshot({ path: path.join(OUT, 'web-switches.png'), fullPage: true });
+    // Back to the real status: the switches go away, and with them what they send.
+    await page.unroute(`${BASE}/v1/status`);
+    await page.locator('#thinking').waitFor({ state: 'hidden', timeout: 6000 });
+    await page.getByLabel('Message').fill('Once more');
+    await page.getByRole('button', { name: 'Send' }).click();
+    await answers.nth(2).locator('.stats').waitFor();
+    sent = chatBodies[chatBodies.length - 1];
+    assert(!('chat_template_kwargs' in sent), `request: ${JSON.stringify(sent)}`);
+    await page.getByLabel('Max tokens').fill('');
   });
 
   await check('a narrow screen gets one column without sideways scrolling', async () => {

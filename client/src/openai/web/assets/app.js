@@ -2,7 +2,7 @@
 // (polled from /v1/status and /v1/jobs every two seconds while the page is visible).
 
 import { apiKey, ApiError, getJson, setApiKey } from './api.js';
-import { setupChat } from './chat.js';
+import { setupChat, showSwitches } from './chat.js';
 import { renderJobs } from './jobs.js';
 import { renderNode, summary } from './node.js';
 
@@ -77,6 +77,7 @@ async function refresh() {
       ]);
       show(status, (s) => {
         model = s.model ? s.model.name : null;
+        showSwitches(s.chat_format || null);
         renderNode(s);
         $('summary').textContent = summary(s);
       }, $('node-error'));

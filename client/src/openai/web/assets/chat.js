@@ -7,6 +7,24 @@ import { statsLine } from './format.js';
 const $ = (id) => document.getElementById(id);
 
 /**
+ * The switches of the model's chat template (`chat_format.variables` of /v1/status) the
+ * settings offer: thinking on or off through the first of `THINKING_SWITCHES` the
+ * template reads, and OpenAI's `reasoning_effort` when it reads that.
+ */
+const THINKING_SWITCHES = ['enable_thinking', 'thinking'];
+
+/** Shows the settings for the switches `chatFormat` (null: none known) lists. */
+export function showSwitches(chatFormat) {
+  const variables = (chatFormat && chatFormat.variables) || [];
+  const thinking = THINKING_SWITCHES.find((name) => variables.includes(name)) || null;
+  const effort = variables.includes('reasoning_effort');
+  for (const el of document.querySelectorAll('[data-switch="thinking"]')) el.hidden = !thinking;
+  for (const el of document.querySelectorAll('[data-switch="effort"]')) el.hidden = !effort;
+  if (thinking) $('thinking-name').textContent = thinking;
+  $('thinking').dataset.name = thinking || '';
+}
+
+/**
  * Wires the chat panel. `modelName()` names the answers; `onAuthNeeded()` runs on a 401;
  * `onFinished()` after every answer (to refresh the jobs table at once).
  */
@@ -137,6 +155,13 @@ export function setupChat({ modelName, onAuthNeeded, onFinished }) {
     } else if ($('json-output').checked) {
       request.response_format = { type: 'json_object' };
     }
+    // A switch is sent only when the user set it and the template reads it.
+    const thinking = $('thinking');
+    if (!thinking.hidden && thinking.value && thinking.dataset.name) {
+      request.chat_template_kwargs = { [thinking.dataset.name]: thinking.value === 'on' };
+    }
+    const effort = $('reasoning-effort');
+    if (!effort.hidden && effort.value) request.reasoning_effort = effort.value;
     return request;
   }
 

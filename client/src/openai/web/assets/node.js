@@ -1,4 +1,5 @@
-// The node panel, from GET /v1/status (the daemon's StatusReport and its prefix cache).
+// The node panel, from GET /v1/status (the daemon's StatusReport, its prefix cache and
+// what it made of the model's chat template).
 
 import { bytes, count, duration, integer } from './format.js';
 
@@ -12,6 +13,7 @@ export function renderNode(status) {
   const blockTokens = status.kv_block_tokens;
   const facts = [
     ['Model', model.name, `${model.architecture} · ${model.quantization} · ${count(model.parameters)} parameters · context ${integer(model.context_length)}`],
+    ...chatFormat(status),
     ['Backend', `${status.backend} · ${status.device}`],
     ['Memory', `${bytes(status.resident_bytes)} resident`],
     ['Requests', `${status.running} running · ${status.queued} queued`],
@@ -33,6 +35,15 @@ export function renderNode(status) {
   }
   shown = key;
   list.replaceChildren(...facts.flatMap(fact));
+}
+
+/** The chat-format fact, or none from a daemon that does not report one (before 1.8). */
+function chatFormat(status) {
+  const chat = status.chat_format;
+  if (!chat) return [];
+  if (!chat.template) return [['Chat', 'no chat template: raw prompts only']];
+  const switches = chat.variables.length ? `switches ${chat.variables.join(', ')}` : null;
+  return [['Chat', `tools ${chat.tools} · thinks in ${chat.think_open}…${chat.think_close}`, switches]];
 }
 
 /** The prefix-cache fact, or none from a daemon that does not report one (before 1.2). */
