@@ -262,6 +262,10 @@ pub struct SynthArgs {
     pub weight_type: Option<String>,
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Take the vocabulary, special tokens and chat template of this GGUF file (a real
+    /// model's, or a vocabulary-only file) instead of the synthetic ones.
+    #[arg(long, value_name = "GGUF")]
+    pub vocab_from: Option<PathBuf>,
 }
 
 /// Resolves a model name or path, fetching a known model when it is missing and
@@ -338,6 +342,13 @@ pub fn synth(args: SynthArgs) -> anyhow::Result<()> {
     }
     if let Some(s) = args.seed {
         spec.seed = s;
+    }
+    if let Some(path) = &args.vocab_from {
+        let file = crate::gguf::GgufFile::open(path)
+            .with_context(|| format!("reading the vocabulary of {}", path.display()))?;
+        spec = spec
+            .with_vocabulary_of(file.metadata())
+            .with_context(|| format!("{} has no token list", path.display()))?;
     }
     let w = synth::synth_gguf(&spec)?;
     w.write_file(&args.out)?;

@@ -4,7 +4,7 @@
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use crate::gguf::{GgufError, GgufWriter, Value};
+use crate::gguf::{GgufError, GgufWriter, Metadata, Value};
 use crate::quant::{quantize, GgmlType};
 
 use super::config::Arch;
@@ -26,6 +26,10 @@ pub struct SynthSpec {
     pub mixed_k: bool,
     pub tied_embeddings: bool,
     pub seed: u64,
+    /// A real model's `tokenizer.*` entries (its vocabulary, merges, special tokens and
+    /// chat template) in place of the synthetic vocabulary: random weights that read
+    /// and write a real model's tokens. Empty: the synthetic one.
+    pub vocabulary: Vec<(String, Value)>,
 }
 
 impl SynthSpec {
@@ -44,6 +48,7 @@ impl SynthSpec {
             mixed_k: false,
             tied_embeddings: true,
             seed: 42,
+            vocabulary: Vec::new(),
         }
     }
 
@@ -80,7 +85,23 @@ impl SynthSpec {
             mixed_k: true,
             tied_embeddings: false,
             seed: 7,
+            vocabulary: Vec::new(),
         }
+    }
+
+    /// This spec with the vocabulary (every `tokenizer.*` entry) of the GGUF file whose
+    /// metadata is `meta`; `None` when it has no token list.
+    pub fn with_vocabulary_of(mut self, meta: &Metadata) -> Option<Self> {
+        let Some(Value::Array(tokens)) = meta.get("tokenizer.ggml.tokens") else {
+            return None;
+        };
+        self.vocab_size = tokens.len();
+        self.vocabulary = meta
+            .iter()
+            .filter(|(key, _)| key.starts_with("tokenizer."))
+            .map(|(key, value)| (key.to_string(), value.clone()))
+            .collect();
+        Some(self)
     }
 }
 
@@ -110,6 +131,12 @@ fn byte_to_unicode() -> Vec<char> {
 }
 
 fn tokenizer_metadata(w: &mut GgufWriter, spec: &SynthSpec) {
+    if !spec.vocabulary.is_empty() {
+        for (key, value) in &spec.vocabulary {
+            w.add(key.clone(), value.clone());
+        }
+        return;
+    }
     let bytes = byte_to_unicode();
     let mut tokens: Vec<String> = bytes.iter().map(|c| c.to_string()).collect();
     let mut merges = Vec::new();

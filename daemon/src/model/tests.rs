@@ -251,3 +251,31 @@ fn missing_tensor_and_unknown_arch_are_load_errors() {
     assert!(report.starts_with("x.gguf: "), "{report}");
     assert!(report.contains("mamba"), "{report}");
 }
+
+#[test]
+fn a_synthetic_model_can_take_another_files_vocabulary() {
+    let donor = synth_gguf(&SynthSpec {
+        vocab_size: 400,
+        ..SynthSpec::small()
+    })
+    .expect("synth")
+    .to_bytes();
+    let donor = GgufFile::from_bytes(donor).expect("parse");
+    let spec = SynthSpec::tiny()
+        .with_vocabulary_of(donor.metadata())
+        .expect("a token list");
+    assert_eq!(spec.vocab_size, 400);
+    let model = tiny(spec);
+    let meta = model.file.metadata();
+    assert_eq!(
+        meta.get("tokenizer.ggml.tokens"),
+        donor.metadata().get("tokenizer.ggml.tokens")
+    );
+    assert_eq!(
+        model.config.vocab_size, 400,
+        "the embedding follows the vocabulary"
+    );
+    assert!(SynthSpec::tiny()
+        .with_vocabulary_of(&crate::gguf::Metadata::default())
+        .is_none());
+}
