@@ -666,7 +666,7 @@ impl Engine for EngineHandle {
             system_role: template.is_none_or(ChatTemplate::system_role),
             think_open: self.think.open.into(),
             think_close: self.think.close.into(),
-            variables: template.map(ChatTemplate::variables).unwrap_or_default(),
+            variables: template.map_or_else(Vec::new, |t| t.variables().to_vec()),
         }
     }
 

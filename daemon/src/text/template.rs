@@ -24,6 +24,8 @@ pub struct ChatTemplate {
     /// Whether the template renders a system message. When it does not (it raises an
     /// error, or drops the text), system messages are merged into the user's.
     system_role: bool,
+    /// See [`Self::variables`]: read from the source once, at load.
+    variables: Vec<String>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -53,7 +55,9 @@ impl ChatTemplate {
             env,
             tools: TemplateTools::of_template(source),
             system_role: true,
+            variables: Vec::new(),
         };
+        template.variables = template.free_variables();
         template.system_role = template.renders_system_messages();
         if let TemplateTools::Native(
             syntax @ (CallSyntax::Hermes | CallSyntax::Mistral | CallSyntax::MistralArgs { .. }),
@@ -134,7 +138,11 @@ impl ChatTemplate {
     /// (a default for a caller's value, as GPT-OSS's `reasoning_effort`): minijinja
     /// counts a variable set under a condition (`system_message`, `loop_messages`) as
     /// read from outside too.
-    pub fn variables(&self) -> Vec<String> {
+    pub fn variables(&self) -> &[String] {
+        &self.variables
+    }
+
+    fn free_variables(&self) -> Vec<String> {
         let Ok(tmpl) = self.env.get_template(NAME) else {
             return Vec::new();
         };
