@@ -16,6 +16,7 @@ use crate::backend::{Backend, BackendError, CpuBackend, DeviceReport, HostThread
 use crate::gguf::GgufFile;
 use crate::model::synth::{synth_gguf, SynthSpec};
 use crate::model::{BlockPool, Model, SeqInput, BLOCK_TOKENS};
+use crate::text::tools::CallSyntax;
 use crate::text::TemplateVars;
 
 /// The CPU backend, counting the tokens that forward steps compute and noting each
@@ -702,7 +703,7 @@ fn submit_tool_chat(
 #[test]
 fn a_required_tool_call_names_an_offered_tool_with_valid_arguments() {
     // The model's own template knows no tools: they are described, Hermes syntax.
-    let called = required_calls(EngineConfig::new("tiny"), &["{"]);
+    let called = required_calls(EngineConfig::new("tiny"), CallSyntax::Hermes);
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
@@ -729,7 +730,7 @@ fn a_required_call_in_the_llama_syntax_is_the_whole_answer() {
         chat_template: Some(LLAMA_STYLE_TEMPLATE.into()),
         ..EngineConfig::new("tiny")
     };
-    let called = required_calls(config, &["{"]);
+    let called = required_calls(config, CallSyntax::LlamaJson);
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
@@ -770,7 +771,7 @@ fn a_required_call_in_the_mistral_args_syntax_names_an_offered_tool() {
             chat_template: Some(source),
             ..EngineConfig::new("tiny")
         };
-        let called = required_calls(config, &["get_weather", "now"]);
+        let called = required_calls(config, CallSyntax::MistralArgs { call_ids });
         eprintln!("call ids {call_ids}: {called} of 16 calls complete within 64 tokens");
         assert!(called > 0, "no call ever completed: the test shows nothing");
     }
@@ -789,17 +790,21 @@ fn a_required_call_in_the_mistral_syntax_is_an_array_of_one_call() {
         chat_template: Some(MISTRAL_STYLE_TEMPLATE.into()),
         ..EngineConfig::new("tiny")
     };
-    let called = required_calls(config, &["["]);
+    let called = required_calls(config, CallSyntax::Mistral);
     eprintln!("{called} of 16 calls complete within 64 tokens");
     assert!(called > 0, "no call ever completed: the test shows nothing");
 }
 
 /// Asks for a required call 16 times (sampled from the random model) and checks each
 /// answer: one call of an offered tool with valid arguments and no text, or, cut short,
-/// the call's text so far (beginning with one of `starts`, or a beginning of one). How
-/// many calls completed.
-fn required_calls(config: EngineConfig, starts: &[&str]) -> usize {
-    let mistral = starts != ["{"];
+/// the call's text so far (its first bytes in `syntax`). How many calls completed.
+fn required_calls(config: EngineConfig, syntax: CallSyntax) -> usize {
+    // What a call cut short begins with (or a beginning of it, for a header).
+    let starts: &[&str] = match syntax {
+        CallSyntax::Hermes | CallSyntax::LlamaJson => &["{"],
+        CallSyntax::Mistral => &["["],
+        CallSyntax::MistralArgs { .. } => &["get_weather", "now"],
+    };
     use spark_client::protocol::{ToolChoice, ToolSpec};
     // The tools' description in the system message needs more than 512 positions.
     let spec = SynthSpec {
@@ -836,7 +841,7 @@ fn required_calls(config: EngineConfig, starts: &[&str]) -> usize {
         let mut logit_bias: Vec<(u32, f32)> =
             b" \t\r\n".iter().map(|&b| (u32::from(b), -8.0)).collect();
         logit_bias.extend([(CLOSE_BRACE, 4.0), (b'"' as u32, 3.0)]);
-        if starts == ["["] {
+        if syntax == CallSyntax::Mistral {
             logit_bias.push((b']' as u32, 4.0));
         }
         let sampling = SamplingParams {
@@ -869,7 +874,7 @@ fn required_calls(config: EngineConfig, starts: &[&str]) -> usize {
                 assert_eq!(text, "", "seed {seed}: a call is not text");
                 let call = &calls[0];
                 assert_eq!((call.id, call.index), (seed + 1, 0));
-                if mistral {
+                if syntax.nine_character_ids() {
                     let id = &call.call.id;
                     assert!(
                         id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()),
