@@ -183,6 +183,7 @@ if [ "$DO_PARITY" = 1 ]; then
     done
     models+=("$(synth tiny-qwen2 --preset tiny --arch qwen2)")
     models+=("$(synth tiny-qwen3 --preset tiny --arch qwen3)")
+    models+=("$(synth tiny-mistral3 --preset tiny --arch mistral3)")
     models+=("$(synth small-q4_k_m --preset small)")
     # No preset mixes in Q2_K, Q3_K or IQ4_XS, and they need rows of 256: the small
     # shapes with every layer matrix and the head in the one format.

@@ -13,10 +13,13 @@ Then run this script from the repository root:
         OUT=daemon/tests/fixtures/greedy_smollm2_q2k_q3k.json scripts/make-greedy-fixtures.py
     MODEL=target/tmp/smollm2-135m-iq4.gguf NAME=smollm2-135m-iq4 \
         OUT=daemon/tests/fixtures/greedy_smollm2_iq4.json scripts/make-greedy-fixtures.py
+    MODEL=target/tmp/smollm2-135m-mistral3-yarn.gguf NAME=smollm2-135m-mistral3-yarn \
+        OUT=daemon/tests/fixtures/greedy_smollm2_mistral3.json scripts/make-greedy-fixtures.py
 (the second model is the default one with its ffn_down matrices requantized to Q2_K and
 Q3_K, the third llama-quantize's IQ4_XS mix of it: IQ4_XS where rows are whole
 256-blocks, IQ4_NL for the other layer matrices; `cargo test -p sparkd --test
-greedy_parity` writes both there).
+greedy_parity` writes them there), and the fourth the default model's weights
+relabelled as `mistral3` with YaRN and the attention temperature (see the test).
 """
 import hashlib
 import os

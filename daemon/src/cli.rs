@@ -252,7 +252,7 @@ pub struct SynthArgs {
     pub out: PathBuf,
     #[arg(long, value_enum, default_value = "tiny")]
     pub preset: SynthPreset,
-    /// Architecture: llama, qwen2 or qwen3.
+    /// Architecture: llama, qwen2, qwen3 or mistral3.
     #[arg(long)]
     pub arch: Option<String>,
     #[arg(long)]

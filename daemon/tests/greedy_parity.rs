@@ -3,7 +3,8 @@
 //! attention and KV cache, greedy, 32 tokens, with its top-2 logprobs at every step),
 //! and of a variant whose `ffn_down` matrices are requantized to Q2_K and Q3_K (the
 //! SmolLM2 shapes leave only those matrices a whole number of 256-blocks wide, so
-//! llama.cpp's own Q2_K / Q3_K mixes of it put them there too).
+//! llama.cpp's own Q2_K / Q3_K mixes of it put them there too), of its IQ4 mix, and of
+//! its weights relabelled as Ministral 3 with YaRN and the attention temperature.
 //!
 //! A 135M model meets near-ties often (top-2 margins of 0.001 nats occur in these
 //! prompts): there, float summation order alone decides, in llama.cpp too (its batched
@@ -25,7 +26,7 @@
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use sparkd::gguf::{GgufFile, GgufWriter};
+use sparkd::gguf::{GgufFile, GgufWriter, Value};
 use sparkd::model::{BlockTable, Model, SeqInput, Workspace};
 use sparkd::quant::{dequantize, quantize, GgmlType};
 
@@ -219,6 +220,59 @@ fn greedy_decoding_follows_llama_cpp_with_q2_k_and_q3_k_weights() {
             "{ty} ffn_down matrices"
         );
     }
+    follows_llama_cpp(&path, &fixture);
+}
+
+/// The default model's weights relabelled as Ministral 3 (`mistral3`), with YaRN and
+/// the attention temperature set so that these prompts reach both: 4x YaRN over an
+/// original context of 32 positions (so the rotations' magnitude is 1 + 0.1 ln 4, and
+/// most pairs turn 4x slower), and a temperature of 0.5 that grows the queries by a
+/// third from position 32 on. Nonsense for the model, but llama.cpp computes the same
+/// nonsense: the fixture checks our YaRN, magnitude and temperature against it, through
+/// real weights whose sharp predictions show a wrong frequency at once.
+#[test]
+fn greedy_decoding_follows_llama_cpp_as_mistral3_with_yarn_and_temperature() {
+    let fixture = fixture(include_str!("fixtures/greedy_smollm2_mistral3.json"));
+    let Some(src) = default_model() else {
+        eprintln!("skipping: default model not found (run scripts/fetch-default-model.sh or `spark pull`)");
+        return;
+    };
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-135m-mistral3-yarn.gguf");
+    let file = GgufFile::load(&src).expect("default model parses");
+    let mut out = GgufWriter::new().with_alignment(file.alignment());
+    for (key, value) in file.metadata().iter() {
+        match key.strip_prefix("llama.") {
+            Some(rest) => out.add(format!("mistral3.{rest}"), value.clone()),
+            None => out.add(key, value.clone()),
+        }
+    }
+    out.add("general.architecture", Value::String("mistral3".into()));
+    out.add("mistral3.rope.scaling.type", Value::String("yarn".into()));
+    out.add("mistral3.rope.scaling.factor", Value::F32(4.0));
+    out.add(
+        "mistral3.rope.scaling.original_context_length",
+        Value::U32(32),
+    );
+    out.add("mistral3.attention.temperature_scale", Value::F32(0.5));
+    for t in file.tensors() {
+        out.add_tensor(
+            t.name.clone(),
+            t.dims.clone(),
+            t.ty,
+            file.tensor_data(t).to_vec(),
+        )
+        .expect("tensor is valid");
+    }
+    out.write_file(&path).expect("variant writes");
+    assert_eq!(
+        sha256_hex(&path),
+        fixture.sha256,
+        "{} is not the file the fixture was made from; rerun scripts/make-greedy-fixtures.py \
+         on it (see its header)",
+        path.display()
+    );
+    let model = Model::load(&path).expect("variant loads");
+    assert_eq!(model.config.arch, sparkd::model::Arch::Mistral3);
     follows_llama_cpp(&path, &fixture);
 }
 

@@ -93,7 +93,21 @@ fn rope_kv_write_rotates_q_in_place_and_k_into_the_cache_beside_v() {
     let inv: Vec<f32> = (0..n_pairs)
         .map(|i| 10_000f32.powf(-2.0 * i as f32 / (2 * n_pairs) as f32))
         .collect();
-    for (neox, scale) in [(0, 1.0f32), (1, 4.0)] {
+    // (neox, linear scale, magnitude, temperature scale, temperature floor): plain,
+    // linear scaling on NEOX, and YaRN's magnitude with Ministral 3's temperature, whose
+    // floor of 5 positions leaves token 0 alone and grows tokens 1 and 2.
+    for (neox, scale, magnitude, temp_scale, temp_floor) in [
+        (0, 1.0f32, 1.0f32, 0.0f32, 1i32),
+        (1, 4.0, 1.0, 0.0, 1),
+        (0, 1.0, 1.277, 0.1, 5),
+    ] {
+        let temperature = |tpos: i32| -> f64 {
+            if temp_scale == 0.0 {
+                1.0
+            } else {
+                ((tpos / temp_floor) as f64 + 1.0).ln() * temp_scale as f64 + 1.0
+            }
+        };
         let q = rng.vec(n_tok * nq * hd, 1.0);
         let k = rng.vec(n_tok * kv_dim, 1.0);
         let v = rng.vec(n_tok * kv_dim, 1.0);
@@ -120,6 +134,9 @@ fn rope_kv_write_rotates_q_in_place_and_k_into_the_cache_beside_v() {
                 Arg::I32(n_pairs as i32),
                 Arg::F32(scale),
                 Arg::I32(neox),
+                Arg::F32(magnitude),
+                Arg::F32(temp_scale),
+                Arg::I32(temp_floor),
             ],
         )
         .unwrap();
@@ -136,8 +153,9 @@ fn rope_kv_write_rotates_q_in_place_and_k_into_the_cache_beside_v() {
                     (2 * i, 2 * i + 1)
                 };
                 let (x0, x1) = (orig[a] as f64, orig[b] as f64);
-                want[a] = x0 * angle.cos() - x1 * angle.sin();
-                want[b] = x0 * angle.sin() + x1 * angle.cos();
+                let m = magnitude as f64;
+                want[a] = (x0 * angle.cos() - x1 * angle.sin()) * m;
+                want[b] = (x0 * angle.sin() + x1 * angle.cos()) * m;
             }
             want
         };
@@ -145,17 +163,23 @@ fn rope_kv_write_rotates_q_in_place_and_k_into_the_cache_beside_v() {
         for (t, &tpos) in pos.iter().enumerate() {
             for h in 0..nq {
                 let o = (t * nq + h) * hd;
-                let what = format!("q neox={neox} token {t} head {h}");
-                let want = rotated(&q[o..o + hd], tpos);
+                let what = format!("q neox={neox} magnitude={magnitude} token {t} head {h}");
+                let temp = temperature(tpos);
+                let want: Vec<f64> = rotated(&q[o..o + hd], tpos)
+                    .into_iter()
+                    .map(|x| x * temp)
+                    .collect();
                 assert_close(&what, &got_q[o..o + hd], &want, &[1.0; 64], 1e-5);
-                assert_eq!(&got_q[o + 2 * n_pairs..o + hd], &q[o + 2 * n_pairs..o + hd]);
+                if temp == 1.0 {
+                    assert_eq!(&got_q[o + 2 * n_pairs..o + hd], &q[o + 2 * n_pairs..o + hd]);
+                }
             }
             let Ok(slot) = usize::try_from(slots[t]) else {
                 continue;
             };
             for h in 0..nkv {
                 let (o, c) = (t * kv_dim + h * hd, slot * kv_dim + h * hd);
-                let what = format!("cached k neox={neox} token {t} head {h}");
+                let what = format!("cached k neox={neox} magnitude={magnitude} token {t} head {h}");
                 let want = rotated(&k[o..o + hd], tpos);
                 assert_close(&what, &got_k[c..c + hd], &want, &[1.0; 64], 1e-5);
                 assert_eq!(&got_k[c + 2 * n_pairs..c + hd], &k[o + 2 * n_pairs..o + hd]);
@@ -350,6 +374,9 @@ impl Paged {
                     Arg::I32(0),
                     Arg::F32(1.0),
                     Arg::I32(0),
+                    Arg::F32(1.0),
+                    Arg::F32(0.0),
+                    Arg::I32(1),
                 ],
             )
             .unwrap();

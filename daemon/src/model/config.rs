@@ -2,6 +2,8 @@
 
 use crate::gguf::{GgufError, Metadata};
 
+use super::rope::{AttnTemperature, RopeScaling};
+
 /// The model families sparkd runs. They share the Llama block structure and differ in
 /// details that the forward pass switches on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +14,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: RMSNorm on q and k per head; NEOX RoPE.
     Qwen3,
+    /// Ministral 3 and Mistral's other `mistral3` text models: Llama's block with YaRN
+    /// RoPE and Llama 4 style attention temperature past the original context.
+    Mistral3,
 }
 
 impl Arch {
@@ -20,6 +25,7 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
+            "mistral3" => Some(Arch::Mistral3),
             _ => None,
         }
     }
@@ -29,6 +35,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Mistral3 => "mistral3",
         }
     }
 
@@ -37,7 +44,7 @@ impl Arch {
         match self {
             // llama.cpp's converter permutes Llama's q/k weights so that rotated pairs
             // are adjacent; Qwen keeps Hugging Face's half-split layout.
-            Arch::Llama => RopeStyle::Interleaved,
+            Arch::Llama | Arch::Mistral3 => RopeStyle::Interleaved,
             Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
         }
     }
@@ -69,15 +76,17 @@ pub struct ModelConfig {
     pub rope_base: f32,
     /// Leading dimensions of each head that are rotated (the rest pass through).
     pub rope_dim: usize,
-    /// Positions are divided by this (linear RoPE scaling); 1 when absent.
-    pub rope_linear_scale: f32,
+    /// Linear or YaRN context extension of the rotary embeddings.
+    pub rope_scaling: RopeScaling,
+    /// Llama 4 style growth of the queries with the position (Ministral 3).
+    pub attn_temperature: Option<AttnTemperature>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(transparent)]
     Metadata(#[from] GgufError),
-    #[error("unsupported architecture `{0}` (sparkd runs llama, qwen2 and qwen3)")]
+    #[error("unsupported architecture `{0}` (sparkd runs llama, qwen2, qwen3 and mistral3)")]
     UnsupportedArch(String),
     #[error("invalid model metadata: {0}")]
     Invalid(String),
@@ -134,23 +143,15 @@ impl ModelConfig {
                 "rope.dimension_count {rope_dim} must be even and at most the head size {head_dim}"
             )));
         }
-        let rope_linear_scale = match meta.opt_str(&key("rope.scaling.type"))? {
-            Some("linear") => meta.opt_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
-            // Llama 3 style scaling arrives as a `rope_freqs.weight` tensor of per-pair
-            // frequency factors (see `weights.rs`); YaRN is not supported yet.
-            Some("none") | None => 1.0,
-            Some("llama3") => 1.0,
-            Some(other) => {
-                return Err(ConfigError::Invalid(format!(
-                    "unsupported rope.scaling.type `{other}`"
-                )))
+        let rope_scaling = RopeScaling::from_metadata(meta, arch_name, context_length)?;
+        // Only Ministral 3 reads the temperature, as in llama.cpp; elsewhere the key
+        // would mean something the forward pass does not do.
+        let attn_temperature = match arch {
+            Arch::Mistral3 => {
+                AttnTemperature::from_metadata(meta, arch_name, &rope_scaling, context_length)?
             }
+            _ => None,
         };
-        if !(rope_linear_scale.is_finite() && rope_linear_scale > 0.0) {
-            return Err(ConfigError::Invalid(format!(
-                "rope.scaling.factor {rope_linear_scale} must be positive"
-            )));
-        }
         let vocab_size = match meta.opt_u32(&key("vocab_size"))? {
             Some(v) => v as usize,
             None => meta.get_array("tokenizer.ggml.tokens")?.len(),
@@ -168,7 +169,8 @@ impl ModelConfig {
             rms_eps,
             rope_base,
             rope_dim,
-            rope_linear_scale,
+            rope_scaling,
+            attn_temperature,
         };
         cfg.check()?;
         Ok(cfg)

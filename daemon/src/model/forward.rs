@@ -246,10 +246,11 @@ impl Model {
         let (q_dim, kv_dim, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let style = cfg.arch.rope_style();
         let pairs = w.rope_inv_freq.len();
+        let magnitude = cfg.rope_scaling.magnitude();
         ws.rope_sin_cos.clear();
         for &(_, p) in &ws.token_pos {
-            let pos = p as f32 / cfg.rope_linear_scale;
-            ops::rope_angles(pos, &w.rope_inv_freq, &mut ws.rope_sin_cos);
+            let pos = p as f32 / cfg.rope_scaling.position_divisor();
+            ops::rope_angles(pos, &w.rope_inv_freq, magnitude, &mut ws.rope_sin_cos);
         }
         for (li, layer) in w.layers.iter().enumerate() {
             for t in 0..n {
@@ -296,11 +297,16 @@ impl Model {
                     ops::add_assign(&mut ws.v[t * kv_dim..(t + 1) * kv_dim], b);
                 }
                 let sin_cos = &ws.rope_sin_cos[t * pairs..(t + 1) * pairs];
+                let (item, p) = ws.token_pos[t];
+                let q_factor = cfg.attn_temperature.map(|a| a.factor(p));
                 for h in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
                     if let Some(g) = &layer.q_norm {
                         ops::rms_norm_in_place(h, g, cfg.rms_eps);
                     }
                     ops::rope_with(h, sin_cos, style);
+                    if let Some(f) = q_factor.filter(|&f| f != 1.0) {
+                        h.iter_mut().for_each(|x| *x *= f);
+                    }
                 }
                 for h in ws.k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
                     if let Some(g) = &layer.k_norm {
@@ -308,7 +314,6 @@ impl Model {
                     }
                     ops::rope_with(h, sin_cos, style);
                 }
-                let (item, p) = ws.token_pos[t];
                 let kv_range = t * kv_dim..(t + 1) * kv_dim;
                 kv.write(
                     li,

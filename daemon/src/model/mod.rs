@@ -6,6 +6,7 @@ pub mod forward;
 pub mod kv;
 pub mod ops;
 pub mod prefix;
+pub mod rope;
 pub mod synth;
 pub mod weights;
 

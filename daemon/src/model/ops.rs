@@ -26,14 +26,18 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 /// Rotates the first `2 * inv_freq.len()` dimensions of one head at position `pos`.
 pub fn rope(head: &mut [f32], pos: f32, inv_freq: &[f32], style: RopeStyle) {
     let mut sc = Vec::with_capacity(inv_freq.len());
-    rope_angles(pos, inv_freq, &mut sc);
+    rope_angles(pos, inv_freq, 1.0, &mut sc);
     rope_with(head, &sc, style);
 }
 
-/// Appends `(sin, cos)` of `pos * f` for each frequency: the rotation of every head and
-/// layer at that position, computed once.
-pub fn rope_angles(pos: f32, inv_freq: &[f32], out: &mut Vec<(f32, f32)>) {
-    out.extend(inv_freq.iter().map(|&f| (pos * f).sin_cos()));
+/// Appends `(sin, cos)` of `pos * f` for each frequency, times `magnitude` (YaRN's
+/// attention factor; 1 elsewhere): the rotation of every head and layer at that
+/// position, computed once.
+pub fn rope_angles(pos: f32, inv_freq: &[f32], magnitude: f32, out: &mut Vec<(f32, f32)>) {
+    out.extend(inv_freq.iter().map(|&f| {
+        let (s, c) = (pos * f).sin_cos();
+        (s * magnitude, c * magnitude)
+    }));
 }
 
 /// `rope` with the angles from `rope_angles`.

@@ -293,6 +293,24 @@ fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Ministral 3's YaRN and attention temperature, scaled down so that test-sized prompts
+/// reach them: the original context a 32nd of the whole (at least 16 positions), so the
+/// temperature steps within a few dozen tokens; no `yarn_log_multiplier`, so the
+/// rotations' magnitude is not 1 (Ministral 3 itself sets 1, which cancels it).
+fn yarn_metadata(w: &mut GgufWriter, a: &str, context_length: usize) {
+    let original = (context_length / 32).max(16);
+    let s = |k: &str| format!("{a}.rope.scaling.{k}");
+    w.add(s("type"), Value::String("yarn".into()));
+    w.add(
+        s("factor"),
+        Value::F32(context_length as f32 / original as f32),
+    );
+    w.add(s("original_context_length"), Value::U32(original as u32));
+    w.add(s("yarn_beta_fast"), Value::F32(32.0));
+    w.add(s("yarn_beta_slow"), Value::F32(1.0));
+    w.add(format!("{a}.attention.temperature_scale"), Value::F32(0.1));
+}
+
 /// Builds the whole file in memory. Fine for test-sized models; `write_synth_file`
 /// streams nothing either, so an 8B-shaped model needs its ~5 GB of RAM once.
 pub fn synth_gguf(spec: &SynthSpec) -> Result<GgufWriter, GgufError> {
@@ -330,6 +348,9 @@ pub fn synth_gguf(spec: &SynthSpec) -> Result<GgufWriter, GgufError> {
         Value::F32(1e-5),
     );
     w.add(format!("{a}.rope.freq_base"), Value::F32(10_000.0));
+    if spec.arch == Arch::Mistral3 {
+        yarn_metadata(&mut w, a, spec.context_length);
+    }
     w.add(
         format!("{a}.rope.dimension_count"),
         Value::U32(head_dim as u32),

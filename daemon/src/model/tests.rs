@@ -57,7 +57,7 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn batched_forward_equals_single_forwards() {
-    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Mistral3] {
         let model = tiny(SynthSpec {
             arch,
             ..SynthSpec::tiny()
@@ -278,4 +278,65 @@ fn a_synthetic_model_can_take_another_files_vocabulary() {
     assert!(SynthSpec::tiny()
         .with_vocabulary_of(&crate::gguf::Metadata::default())
         .is_none());
+}
+
+fn mistral3(temperature: f32) -> Model {
+    let spec = SynthSpec {
+        arch: Arch::Mistral3,
+        ..SynthSpec::tiny()
+    };
+    let mut w = synth_gguf(&spec).unwrap();
+    w.add(
+        "mistral3.attention.temperature_scale",
+        crate::gguf::Value::F32(temperature),
+    );
+    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    Model::from_file(file, std::path::Path::new("m3.gguf")).unwrap()
+}
+
+#[test]
+fn mistral3_reads_yarn_and_its_temperature_grows_queries_past_the_original_context() {
+    let model = mistral3(0.1);
+    let cfg = &model.config;
+    // The synthetic file's original context is 16 of 512 positions.
+    let rope::RopeScaling::Yarn(yarn) = cfg.rope_scaling else {
+        panic!("yarn expected, got {:?}", cfg.rope_scaling);
+    };
+    assert_eq!((yarn.original_context, yarn.factor), (16, 32.0));
+    assert!(cfg.rope_scaling.magnitude() > 1.0);
+    assert_eq!(
+        cfg.attn_temperature,
+        Some(rope::AttnTemperature {
+            scale: 0.1,
+            floor: 16
+        })
+    );
+    // Interpolated frequencies: the slowest pair turns 32 times slower than its base.
+    let inv = &model.weights.rope_inv_freq;
+    let base_last = 10_000f32.powf(-2.0 * (inv.len() - 1) as f32 / cfg.rope_dim as f32);
+    assert!((inv[inv.len() - 1] - base_last / 32.0).abs() < 1e-9);
+    assert_eq!(inv[0], 1.0, "the fastest pair keeps its frequency");
+
+    // Within the original context the temperature is 1: the same logits as without
+    // it, to the bit; past it, different ones.
+    let plain = mistral3(0.0);
+    assert_eq!(plain.config.attn_temperature, None);
+    let vocab = cfg.vocab_size;
+    let mut kv = model.new_kv_cache(1024);
+    let mut kv_plain = plain.new_kv_cache(1024);
+    let mut ws = Workspace::new(1);
+    let short = tokens(16, 4, vocab);
+    assert_eq!(
+        run_single(&model, &mut kv, &mut ws, &short, 64),
+        run_single(&plain, &mut kv_plain, &mut ws, &short, 64)
+    );
+    let long = tokens(40, 4, vocab);
+    let d = max_rel_diff(
+        &run_single(&model, &mut kv, &mut ws, &long, 64),
+        &run_single(&plain, &mut kv_plain, &mut ws, &long, 64),
+    );
+    assert!(
+        d > 1e-3,
+        "the temperature past position 16 moved logits by only {d}"
+    );
 }

@@ -106,7 +106,7 @@ pub struct Weights {
     /// The LM head; the token embedding itself when the model ties them.
     pub output: MatrixRef,
     /// Per rotated pair, the inverse frequency, with Llama 3 style frequency factors
-    /// (`rope_freqs.weight`) already applied.
+    /// (`rope_freqs.weight`) and YaRN's interpolation already applied.
     pub rope_inv_freq: Vec<f32>,
 }
 
@@ -249,17 +249,10 @@ impl Weights {
             });
         }
         let output_norm = vector(file, "output_norm.weight", d)?;
-        let pairs = cfg.rope_dim / 2;
-        let factors = opt_vector(file, "rope_freqs.weight", pairs)?;
-        let rope_inv_freq = (0..pairs)
-            .map(|i| {
-                let inv = cfg.rope_base.powf(-2.0 * i as f32 / cfg.rope_dim as f32);
-                match &factors {
-                    Some(f) => inv / f[i],
-                    None => inv,
-                }
-            })
-            .collect();
+        let factors = opt_vector(file, "rope_freqs.weight", cfg.rope_dim / 2)?;
+        let rope_inv_freq =
+            cfg.rope_scaling
+                .inverse_frequencies(cfg.rope_dim, cfg.rope_base, factors.as_deref());
         Ok(Weights {
             tok_embd,
             layers,

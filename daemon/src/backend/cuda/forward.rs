@@ -460,8 +460,12 @@ impl<G: Gpu> CudaBackend<G> {
         let rope = Rope {
             inv_freq: self.w.rope_inv_freq,
             n_pairs: cfg.rope_dim / 2,
-            linear_scale: cfg.rope_linear_scale,
+            linear_scale: cfg.rope_scaling.position_divisor(),
             neox: cfg.arch.rope_style() == RopeStyle::Neox,
+            magnitude: cfg.rope_scaling.magnitude(),
+            q_temperature: cfg
+                .attn_temperature
+                .map_or((0.0, 1), |t| (t.scale, t.floor)),
         };
         let kv_type = self.opts.kv_type;
         let layer_kv_bytes = self.pool.total_blocks() * BLOCK_TOKENS * kv_dim * kv_type.bytes();

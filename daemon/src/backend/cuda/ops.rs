@@ -396,6 +396,10 @@ pub struct Rope {
     pub n_pairs: usize,
     pub linear_scale: f32,
     pub neox: bool,
+    /// YaRN's factor on the rotations (1 elsewhere).
+    pub magnitude: f32,
+    /// Llama 4 style attention temperature: (scale, floor), scale 0 for none.
+    pub q_temperature: (f32, usize),
 }
 
 /// A layer's new tokens: q, k, v (`n` rows) and where their keys and values go.
@@ -442,6 +446,9 @@ pub fn rope_kv_write(
             i32_arg(rope.n_pairs),
             KArg::F32(rope.linear_scale),
             KArg::I32(rope.neox as i32),
+            KArg::F32(rope.magnitude),
+            KArg::F32(rope.q_temperature.0),
+            i32_arg(rope.q_temperature.1),
         ],
     )
 }

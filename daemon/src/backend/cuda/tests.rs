@@ -346,6 +346,14 @@ fn emulated_cuda_forward_matches_the_cpu_qwen3_with_qk_norm() {
     check("qwen3 Q4_1", &s, &plan(s.vocab_size, 4), opts(8));
 }
 
+#[test]
+fn emulated_cuda_forward_matches_the_cpu_mistral3_yarn_and_temperature() {
+    // The synthetic original context is 16 positions: the 21- and 40-token prompts
+    // cross it, so the queries' temperature and YaRN's magnitude are both in play.
+    let s = one_layer(spec(Arch::Mistral3, GgmlType::Q4_0));
+    check("mistral3 Q4_0", &s, &plan(s.vocab_size, 4), opts(8));
+}
+
 /// Graph replay against launch by launch: the same device, the same kernels, so the
 /// logits must agree exactly; only how the launches reach the device differs. Three
 /// sequences pad to a graph of four; steps of one shape replay one capture. A second
