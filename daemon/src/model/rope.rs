@@ -128,13 +128,22 @@ impl RopeScaling {
         match meta.opt_str(&key("type"))? {
             // Llama 3 style scaling arrives as a `rope_freqs.weight` tensor of per-pair
             // frequency factors (see `weights.rs`).
-            Some("none") | Some("llama3") | None => Ok(RopeScaling::None),
-            Some("linear") => Ok(match factor {
-                Some(f) => RopeScaling::Linear {
-                    factor: positive("factor", f)?,
-                },
-                None => RopeScaling::None,
-            }),
+            Some("none") | Some("llama3") => Ok(RopeScaling::None),
+            // llama.cpp takes a file without a type as linear, with the factor under
+            // either key, and a factor of 0 as none.
+            Some("linear") | None => {
+                let factor = match factor {
+                    Some(f) => Some(f),
+                    None => meta.opt_f32(&format!("{arch}.rope.scale_linear"))?,
+                };
+                Ok(match factor {
+                    None => RopeScaling::None,
+                    Some(f) if f == 0.0 || f == 1.0 => RopeScaling::None,
+                    Some(f) => RopeScaling::Linear {
+                        factor: positive("factor", f)?,
+                    },
+                })
+            }
             Some("yarn") => {
                 let original_context = meta
                     .opt_u32(&key("original_context_length"))?
@@ -406,6 +415,26 @@ mod tests {
         };
         assert_eq!((y.original_context, y.factor), (40960, 1.0));
         assert_eq!(y.magnitude(), 1.0);
+    }
+
+    #[test]
+    fn a_factor_without_a_type_is_linear_as_in_llama_cpp() {
+        let m = meta(&[("llama.rope.scaling.factor", Value::F32(4.0))]);
+        let s = RopeScaling::from_metadata(m.metadata(), "llama", 4096).unwrap();
+        assert_eq!(s, RopeScaling::Linear { factor: 4.0 });
+        assert_eq!(s.position_divisor(), 4.0);
+        let m = meta(&[("llama.rope.scale_linear", Value::F32(2.0))]);
+        let s = RopeScaling::from_metadata(m.metadata(), "llama", 4096).unwrap();
+        assert_eq!(s, RopeScaling::Linear { factor: 2.0 });
+        let m = meta(&[("llama.rope.scaling.factor", Value::F32(0.0))]);
+        let s = RopeScaling::from_metadata(m.metadata(), "llama", 4096).unwrap();
+        assert_eq!(s, RopeScaling::None);
+        let m = meta(&[
+            ("llama.rope.scaling.type", Value::String("none".into())),
+            ("llama.rope.scaling.factor", Value::F32(8.0)),
+        ]);
+        let s = RopeScaling::from_metadata(m.metadata(), "llama", 4096).unwrap();
+        assert_eq!(s, RopeScaling::None, "`none` never scales");
     }
 
     #[test]
