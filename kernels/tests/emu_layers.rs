@@ -95,11 +95,13 @@ fn rope_kv_write_rotates_q_in_place_and_k_into_the_cache_beside_v() {
         .collect();
     // (neox, linear scale, magnitude, temperature scale, temperature floor): plain,
     // linear scaling on NEOX, and YaRN's magnitude with Ministral 3's temperature, whose
-    // floor of 5 positions leaves token 0 alone and grows tokens 1 and 2.
+    // floor of 5 positions leaves token 0 alone and grows tokens 1 and 2; then all of
+    // them at once on NEOX.
     for (neox, scale, magnitude, temp_scale, temp_floor) in [
         (0, 1.0f32, 1.0f32, 0.0f32, 1i32),
         (1, 4.0, 1.0, 0.0, 1),
         (0, 1.0, 1.277, 0.1, 5),
+        (1, 2.0, 0.9, 0.2, 3),
     ] {
         let temperature = |tpos: i32| -> f64 {
             if temp_scale == 0.0 {
