@@ -137,6 +137,16 @@ fn write_variant(src: &Path, dst: &Path, retype: impl Fn(&str, u64) -> Option<Gg
     for (key, value) in file.metadata().iter() {
         out.add(key, value.clone());
     }
+    add_tensors(&file, &mut out, retype);
+    out.write_file(dst).expect("variant writes");
+}
+
+/// Adds `file`'s tensors to `out`, those `retype` names a type for requantized to it.
+fn add_tensors(
+    file: &GgufFile,
+    out: &mut GgufWriter,
+    retype: impl Fn(&str, u64) -> Option<GgmlType>,
+) {
     for t in file.tensors() {
         let data = file.tensor_data(t);
         let (ty, bytes) = match retype(&t.name, t.cols()) {
@@ -152,7 +162,18 @@ fn write_variant(src: &Path, dst: &Path, retype: impl Fn(&str, u64) -> Option<Gg
         out.add_tensor(t.name.clone(), t.dims.clone(), ty, bytes)
             .expect("tensor is valid");
     }
-    out.write_file(dst).expect("variant writes");
+}
+
+/// Checks that the variant at `path` is the file `fixture` was made from.
+fn assert_fixture_file(path: &Path, fixture: &Fixture) {
+    assert_eq!(
+        sha256_hex(path),
+        fixture.sha256,
+        "{} is not the file the fixture was made from (the quantizers' output or the \
+         variant changed); \
+         rerun scripts/make-greedy-fixtures.py on it (see its header)",
+        path.display()
+    );
 }
 
 #[test]
@@ -180,13 +201,7 @@ fn variant_for(
     };
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.gguf"));
     write_variant(&src, &path, retype);
-    assert_eq!(
-        sha256_hex(&path),
-        fixture.sha256,
-        "{} is not the file the fixture was made from: the quantizers' output changed; \
-         rerun scripts/make-greedy-fixtures.py on it (see its header)",
-        path.display()
-    );
+    assert_fixture_file(&path, fixture);
     Some(path)
 }
 
@@ -254,23 +269,9 @@ fn greedy_decoding_follows_llama_cpp_as_mistral3_with_yarn_and_temperature() {
         Value::U32(32),
     );
     out.add("mistral3.attention.temperature_scale", Value::F32(0.5));
-    for t in file.tensors() {
-        out.add_tensor(
-            t.name.clone(),
-            t.dims.clone(),
-            t.ty,
-            file.tensor_data(t).to_vec(),
-        )
-        .expect("tensor is valid");
-    }
+    add_tensors(&file, &mut out, |_, _| None);
     out.write_file(&path).expect("variant writes");
-    assert_eq!(
-        sha256_hex(&path),
-        fixture.sha256,
-        "{} is not the file the fixture was made from; rerun scripts/make-greedy-fixtures.py \
-         on it (see its header)",
-        path.display()
-    );
+    assert_fixture_file(&path, &fixture);
     let model = Model::load(&path).expect("variant loads");
     assert_eq!(model.config.arch, sparkd::model::Arch::Mistral3);
     follows_llama_cpp(&path, &fixture);
