@@ -33,7 +33,7 @@
 //
 // Matches daemon/src/model/ops.rs rope: angle = (pos / linear_scale) * inv_freq[i] in f32,
 // accurate sincosf (no fast math), sine and cosine times magnitude; and
-// daemon/src/model/rope.rs AttnTemperature::factor (formed in double, as there).
+// daemon/src/model/rope.rs AttnTemperature::factor (to an ulp: in float here).
 #include "common.cuh"
 
 // Pair `pair` of a head (pair < n_pairs): the dimensions it rotates, and x rotated.
@@ -72,10 +72,11 @@ static __device__ void rope_kv_write(float* __restrict__ q, const float* __restr
         const float angle = j < n_pairs ? (float)pos[t] / linear_scale * inv_freq[j] : 0.0f;
         if (head < n_q_heads) {
             float* h = q + ((u64)t * n_q_heads + head) * head_dim;
+            // Integer steps, as the CPU takes them; logf, not log: FP64 is slow on GB10
+            // and a prefill makes this once per q element.
             const float temp =
                 q_temp_scale != 0.0f
-                    ? (float)(log(floor((double)pos[t] / q_temp_floor) + 1.0) * q_temp_scale +
-                              1.0)
+                    ? 1.0f + q_temp_scale * logf((float)(pos[t] / q_temp_floor) + 1.0f)
                     : 1.0f;
             if (j >= n_pairs) {  // a pass-through pair: dimensions 2j, 2j + 1
                 if (temp != 1.0f) {
