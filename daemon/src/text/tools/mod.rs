@@ -14,7 +14,7 @@
 //! the tools and the syntax are described in a system message instead, so every model
 //! can call tools. While the model writes, [`watch::CallWatcher`] passes text through
 //! until an opening tag appears, then holds the call's JSON to the schema of
-//! [`ToolSet::schema`] token by token (lazily, as llama.cpp's grammar triggers do), so a
+//! [`ToolSet::grammar`] token by token (lazily, as llama.cpp's grammar triggers do), so a
 //! call always names an offered tool and its arguments always match that tool's schema.
 //! `tool_choice: required` (or a named function) puts the opening tag at the end of the
 //! prompt and holds the answer to a call from its first token.
@@ -46,7 +46,7 @@ use serde_json::{json, Map, Value};
 use spark_client::protocol::{ToolChoice, ToolSpec};
 use thiserror::Error;
 
-use super::schema::Schema;
+use super::schema::{Schema, SchemaError};
 
 /// The tag that opens a call.
 pub const CALL_OPEN: &str = "<tool_call>";
@@ -184,20 +184,29 @@ pub enum CallMode {
     Forced,
 }
 
+/// What a call is held to as it is written, by syntax.
+#[derive(Debug, Clone)]
+pub enum CallGrammar {
+    /// The call's JSON: one object `{"name": <an offered tool>, "arguments": <its
+    /// parameters>}` (`"parameters"` in the Llama syntax); in the Mistral syntax, the
+    /// array of them.
+    Json(Arc<Schema>),
+    /// The `[ARGS]` syntax: a header naming one of `names` (see [`header`]), then that
+    /// tool's arguments, held to `arguments` at the same index.
+    Headed {
+        names: Arc<[String]>,
+        arguments: Vec<Arc<Schema>>,
+    },
+}
+
 /// The tools of one request, ready for generation.
 #[derive(Debug, Clone)]
 pub struct ToolSet {
-    /// One call object: `{"name": <an offered tool>, "arguments": <its parameters>}`
-    /// (`"parameters"` in the Llama syntax); in the Mistral syntax, the array of them.
-    pub schema: Arc<Schema>,
+    pub grammar: CallGrammar,
     pub mode: CallMode,
     /// Whether more calls may follow the first.
     pub parallel: bool,
     pub syntax: CallSyntax,
-    /// The tools that may be called, in order, with their arguments' schemas: what
-    /// the `[ARGS]` syntax holds a call's header and arguments to.
-    pub callable: Arc<[String]>,
-    pub arguments: Vec<Arc<Schema>>,
 }
 
 impl ToolSet {
@@ -236,34 +245,40 @@ impl ToolSet {
             .filter(|(tool, _)| callable.iter().any(|c| c.name == tool.name))
             .map(|(tool, params)| (tool.name.as_str(), params))
             .collect();
-        let mut arguments = Vec::new();
-        if let CallSyntax::MistralArgs { .. } = syntax {
-            for (_, params) in &callable_parameters {
-                let schema = Schema::compile(&params.to_string())
-                    .map_err(|e| ToolError::Schema(e.to_string()))?;
-                arguments.push(Arc::new(schema));
-            }
-        }
-        let names: Arc<[String]> = callable_parameters
-            .iter()
-            .map(|(name, _)| name.to_string())
-            .collect();
-        let call = call_schema(callable_parameters.into_iter(), syntax.arguments_key());
-        let schema = match syntax {
+        let schema_error = |e: SchemaError| ToolError::Schema(e.to_string());
+        let grammar = match syntax {
+            // Only the named tool's arguments are JSON here: no union of the calls.
+            CallSyntax::MistralArgs { .. } => CallGrammar::Headed {
+                names: callable_parameters
+                    .iter()
+                    .map(|(name, _)| name.to_string())
+                    .collect(),
+                arguments: callable_parameters
+                    .iter()
+                    .map(|(_, params)| Schema::compile(&params.to_string()).map(Arc::new))
+                    .collect::<Result<_, _>>()
+                    .map_err(schema_error)?,
+            },
             CallSyntax::Mistral => {
-                Schema::compile_array(&call_list_schema(call, parallel).to_string())
+                let call = call_schema(callable_parameters.into_iter(), syntax.arguments_key());
+                let list = call_list_schema(call, parallel).to_string();
+                CallGrammar::Json(Arc::new(
+                    Schema::compile_array(&list).map_err(schema_error)?,
+                ))
             }
-            _ => Schema::compile(&call.to_string()),
-        }
-        .map_err(|e| ToolError::Schema(e.to_string()))?;
+            _ => {
+                let call = call_schema(callable_parameters.into_iter(), syntax.arguments_key());
+                CallGrammar::Json(Arc::new(
+                    Schema::compile(&call.to_string()).map_err(schema_error)?,
+                ))
+            }
+        };
         Ok(Some(ToolSet {
-            schema: Arc::new(schema),
+            grammar,
             mode,
             // The Llama syntax has one call per answer (its templates refuse more).
             parallel: parallel && syntax != CallSyntax::LlamaJson,
             syntax,
-            callable: names,
-            arguments,
         }))
     }
 }

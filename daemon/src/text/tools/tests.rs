@@ -16,9 +16,12 @@ fn tool(name: &str, parameters: serde_json::Value, strict: bool) -> ToolSpec {
 }
 
 fn accepts(set: &ToolSet, text: &str) -> bool {
+    let CallGrammar::Json(schema) = &set.grammar else {
+        panic!("the {:?} syntax has no schema for a whole call", set.syntax);
+    };
     let mut c = match set.syntax {
-        CallSyntax::Mistral => JsonConstraint::array_after_whitespace(set.schema.clone()),
-        _ => JsonConstraint::after_whitespace(set.schema.clone()),
+        CallSyntax::Mistral => JsonConstraint::array_after_whitespace(schema.clone()),
+        _ => JsonConstraint::after_whitespace(schema.clone()),
     };
     c.accept(text.as_bytes()) && c.is_done()
 }
@@ -428,9 +431,14 @@ fn the_args_syntax_holds_each_tools_arguments_to_its_own_schema() {
     let set = ToolSet::prepare(&tools, &ToolChoice::Auto, true, syntax)
         .unwrap()
         .unwrap();
-    assert_eq!(&*set.callable, ["f".to_string(), "g".to_string()]);
+    let headed = |set: &ToolSet| match &set.grammar {
+        CallGrammar::Headed { names, arguments } => (names.clone(), arguments.clone()),
+        CallGrammar::Json(_) => panic!("the [ARGS] syntax is held by its header"),
+    };
+    let (names, arguments) = headed(&set);
+    assert_eq!(&*names, ["f".to_string(), "g".to_string()]);
     let args = |i: usize, text: &str| {
-        let mut c = JsonConstraint::after_whitespace(set.arguments[i].clone());
+        let mut c = JsonConstraint::after_whitespace(arguments[i].clone());
         c.accept(text.as_bytes()) && c.is_done()
     };
     assert!(args(0, r#"{"x": 1}"#));
@@ -439,8 +447,9 @@ fn the_args_syntax_holds_each_tools_arguments_to_its_own_schema() {
     let named = ToolSet::prepare(&tools, &ToolChoice::Function("g".into()), true, syntax)
         .unwrap()
         .unwrap();
-    assert_eq!(&*named.callable, ["g".to_string()]);
-    assert_eq!(named.arguments.len(), 1);
+    let (names, arguments) = headed(&named);
+    assert_eq!(&*names, ["g".to_string()]);
+    assert_eq!(arguments.len(), 1);
     assert_eq!(syntax.forced_prefix().as_deref(), Some("[TOOL_CALLS]"));
     assert!(syntax.nine_character_ids());
 }

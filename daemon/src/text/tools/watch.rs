@@ -18,7 +18,7 @@
 use spark_client::protocol::ToolCall;
 
 use super::header::{CallHeader, HeaderCheck};
-use super::{CallMode, CallSyntax, ToolSet, CALL_CLOSE};
+use super::{CallGrammar, CallMode, CallSyntax, ToolSet, CALL_CLOSE};
 use crate::text::constraint::JsonConstraint;
 use crate::text::reasoning::ThinkTags;
 
@@ -103,7 +103,7 @@ impl CallWatcher {
         if watcher.tools.mode == CallMode::Forced {
             // The prompt ends with the opening tag (the Llama syntax has none): see
             // `CallSyntax::forced_prefix`.
-            watcher.open_after_tag();
+            watcher.open_call();
         } else if opens_thinking {
             watcher.state = State::Thinking { matched: 0 };
         }
@@ -242,7 +242,7 @@ impl CallWatcher {
         let open = open.as_bytes();
         if self.held == open {
             self.tag = std::mem::take(&mut self.held);
-            self.open_after_tag();
+            self.open_call();
             return;
         }
         // Keep the shortest tail that may still begin the tag; the rest is text.
@@ -250,17 +250,6 @@ impl CallWatcher {
             .find(|&k| open.starts_with(&self.held[k..]))
             .unwrap_or(self.held.len());
         out.text.extend(self.held.drain(..keep_from));
-    }
-
-    /// What follows the opening tag: the call's header in the `[ARGS]` syntax, its
-    /// JSON in the others.
-    fn open_after_tag(&mut self) {
-        if let CallSyntax::MistralArgs { call_ids } = self.tools.syntax {
-            self.header = Some(CallHeader::new(self.tools.callable.clone(), call_ids));
-            self.state = State::Header;
-        } else {
-            self.open_call();
-        }
     }
 
     fn header_byte(&mut self, b: u8, out: &mut Watched) {
@@ -274,24 +263,41 @@ impl CallWatcher {
             HeaderCheck::Invalid => out.text.extend(self.finish_as_text()),
             HeaderCheck::Done { tool, id } => {
                 self.header = None;
-                self.named = Some((self.tools.callable[tool].clone(), id));
+                // A header is only watched for under `Headed` (see `open_call`).
+                let CallGrammar::Headed { names, arguments } = &self.tools.grammar else {
+                    out.text.extend(self.finish_as_text());
+                    return;
+                };
+                self.named = Some((names[tool].clone(), id));
                 self.json.clear();
-                self.constraint = Some(JsonConstraint::after_whitespace(
-                    self.tools.arguments[tool].clone(),
-                ));
+                self.constraint = Some(JsonConstraint::after_whitespace(arguments[tool].clone()));
                 self.state = State::Call;
             }
         }
     }
 
+    /// What follows the opening tag: the call's header in the `[ARGS]` syntax, its
+    /// JSON in the others.
     fn open_call(&mut self) {
         self.json.clear();
-        let schema = self.tools.schema.clone();
-        self.constraint = Some(match self.tools.syntax {
-            CallSyntax::Mistral => JsonConstraint::array_after_whitespace(schema),
-            _ => JsonConstraint::after_whitespace(schema),
-        });
-        self.state = State::Call;
+        match &self.tools.grammar {
+            CallGrammar::Headed { names, .. } => {
+                let call_ids = matches!(
+                    self.tools.syntax,
+                    CallSyntax::MistralArgs { call_ids: true }
+                );
+                self.header = Some(CallHeader::new(names.clone(), call_ids));
+                self.state = State::Header;
+            }
+            CallGrammar::Json(schema) => {
+                let schema = schema.clone();
+                self.constraint = Some(match self.tools.syntax {
+                    CallSyntax::Mistral => JsonConstraint::array_after_whitespace(schema),
+                    _ => JsonConstraint::after_whitespace(schema),
+                });
+                self.state = State::Call;
+            }
+        }
     }
 
     fn call_byte(&mut self, b: u8, out: &mut Watched) {
