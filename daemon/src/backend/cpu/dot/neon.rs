@@ -14,6 +14,62 @@ use std::arch::aarch64::*;
 use super::{scalar, F32Acts, Kernels, Out, Q8Acts, WTile};
 use crate::quant::{QK, QK_K};
 
+/// The entry points of a K-quant kernel module (`k`, `k2`): `kquant::<T>` on baseline
+/// NEON and `kquant_sdot::<T>` on `sdot`, each checking the tile's shape against the
+/// module's super-block size `bb(T)` and entering the module's `tile_with::<D, T>` with
+/// the target features it needs. One copy, so the two modules' `unsafe` entries are the
+/// same audited code.
+macro_rules! kquant_entry_points {
+    () => {
+        /// The kernel for type `T` on baseline NEON.
+        pub(super) fn kquant<const T: u8>(
+            w: &WTile,
+            a: &Q8KActs,
+            j0: usize,
+            nr: usize,
+            out: &mut Out,
+        ) {
+            w.check(QK_K, bb(T));
+            // SAFETY: NEON is part of the AArch64 baseline and detected before the table
+            // is built.
+            unsafe { tile::<T>(w, a, j0, nr, out) }
+        }
+
+        /// `kquant` with the integer products on `sdot`.
+        pub(super) fn kquant_sdot<const T: u8>(
+            w: &WTile,
+            a: &Q8KActs,
+            j0: usize,
+            nr: usize,
+            out: &mut Out,
+        ) {
+            w.check(QK_K, bb(T));
+            // SAFETY: `dotprod` is detected before the table is built.
+            unsafe { tile_sdot::<T>(w, a, j0, nr, out) }
+        }
+
+        /// # Safety
+        /// NEON must be available.
+        #[target_feature(enable = "neon")]
+        unsafe fn tile<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
+            tile_with::<Widening, T>(w, a, j0, nr, out)
+        }
+
+        /// # Safety
+        /// The CPU must have the dot-product extension.
+        #[target_feature(enable = "neon,dotprod")]
+        unsafe fn tile_sdot<const T: u8>(
+            w: &WTile,
+            a: &Q8KActs,
+            j0: usize,
+            nr: usize,
+            out: &mut Out,
+        ) {
+            tile_with::<Sdot, T>(w, a, j0, nr, out)
+        }
+    };
+}
+
 mod k;
 mod k2;
 

@@ -27,40 +27,7 @@ const fn bb(t: u8) -> usize {
     }
 }
 
-/// The kernel for type `T` (`Q2K`, `Q3K` or `IQ4XS`) on baseline NEON.
-pub(super) fn kquant<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    w.check(QK_K, bb(T));
-    // SAFETY: NEON is part of the AArch64 baseline and detected before the table is
-    // built.
-    unsafe { tile::<T>(w, a, j0, nr, out) }
-}
-
-/// `kquant` with the integer products on `sdot`.
-pub(super) fn kquant_sdot<const T: u8>(
-    w: &WTile,
-    a: &Q8KActs,
-    j0: usize,
-    nr: usize,
-    out: &mut Out,
-) {
-    w.check(QK_K, bb(T));
-    // SAFETY: `dotprod` is detected before the table is built.
-    unsafe { tile_sdot::<T>(w, a, j0, nr, out) }
-}
-
-/// # Safety
-/// NEON must be available.
-#[target_feature(enable = "neon")]
-unsafe fn tile<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    tile_with::<Widening, T>(w, a, j0, nr, out)
-}
-
-/// # Safety
-/// The CPU must have the dot-product extension.
-#[target_feature(enable = "neon,dotprod")]
-unsafe fn tile_sdot<const T: u8>(w: &WTile, a: &Q8KActs, j0: usize, nr: usize, out: &mut Out) {
-    tile_with::<Sdot, T>(w, a, j0, nr, out)
-}
+kquant_entry_points!();
 
 /// The body of both tile kernels. Slices only: every read is bounds-checked.
 #[target_feature(enable = "neon")]
