@@ -130,7 +130,8 @@ pub enum OutputFormat {
     /// `additionalProperties`, `items`, `minItems`/`maxItems`,
     /// `minLength`/`maxLength`, `minimum`/`maximum` and their exclusive forms, `enum`,
     /// `const`, `anyOf`/`oneOf` whose alternatives begin differently (a string or
-    /// null) or are objects told apart by a tag property, `allOf` of one schema, and
+    /// null) or are objects told apart by a tag property or by a required key of
+    /// each one's own, `allOf` of one schema, and
     /// `$ref` within the document (recursive too);
     /// annotations such as `description` and `format` are ignored. Listed properties
     /// come in any order, each at most once; other keys only where

@@ -216,6 +216,28 @@ def test_patterns_formats_and_tuples_are_enforced():
         assert "@" in visit.visitor and "." in visit.visitor.split("@")[1], visit.visitor
 
 
+class ByCity(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=30)
+
+
+class ByCoordinates(pydantic.BaseModel):
+    lat: float = pydantic.Field(ge=-90, le=90)
+    lon: float = pydantic.Field(ge=-180, le=180)
+
+
+class Place(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=30)
+    where: typing.Union[ByCity, ByCoordinates]
+
+
+def test_a_union_of_models_without_a_tag_is_enforced():
+    # No `Literal` field tells the two apart: `anyOf` of two closed objects, each
+    # requiring a key the other does not list (`city`, `lat`), which picks it.
+    place = parse_greedy("Name a place and where it is, as JSON.", Place)
+    if place is not None:
+        assert isinstance(place.where, (ByCity, ByCoordinates)), place
+
+
 def test_a_schema_sparkd_cannot_enforce_is_a_400():
     schema = {"type": "object", "properties": {"zip": {"type": "string", "not": {"const": "00000"}}}}
     try:
@@ -444,6 +466,7 @@ TESTS = [
     test_a_repeated_prompt_reports_cached_tokens,
     test_json_object_output_parses,
     test_structured_output_parses_into_a_pydantic_model,
+    test_a_union_of_models_without_a_tag_is_enforced,
     test_patterns_formats_and_tuples_are_enforced,
     test_a_schema_sparkd_cannot_enforce_is_a_400,
     test_invalid_request_is_a_400,

@@ -288,6 +288,22 @@ impl SchemaState {
                         matched: 0,
                         free: false,
                     },
+                    // A keyed union's is one of its objects' own keys (whose values
+                    // fit in the depth left).
+                    Node::Keyed(k) => {
+                        let depth = self.json.depth();
+                        let candidates = (k.owners.iter().zip(&k.names).enumerate())
+                            .filter(|(_, (&object, name))| key_fits(schema, object, name, depth))
+                            .fold(0u64, |m, (i, _)| m | 1 << i);
+                        if candidates == 0 {
+                            return false;
+                        }
+                        Pending::Key {
+                            candidates,
+                            matched: 0,
+                            free: false,
+                        }
+                    }
                     _ => Pending::Key {
                         candidates: 0,
                         matched: 0,
@@ -315,6 +331,7 @@ impl SchemaState {
         let names = match schema.node(self.top.node) {
             Node::Object(o) => &o.names[..],
             Node::Tagged(t) => std::slice::from_ref(&t.name),
+            Node::Keyed(k) => &k.names[..],
             _ => return true, // any key goes
         };
         *candidates &= names_with_byte(names, *candidates, *matched as usize, b);
@@ -344,6 +361,26 @@ impl SchemaState {
             Node::Tagged(t) => {
                 self.due = t.tags;
                 return candidates & 1 == 1 && t.name.len() == matched as usize;
+            }
+            // The key picks the object, which goes on with that key written.
+            Node::Keyed(k) => {
+                let Some(i) = whole(&k.names, candidates, matched) else {
+                    return false;
+                };
+                let object = k.owners[i];
+                let Node::Object(o) = schema.node(object) else {
+                    return false;
+                };
+                let Some(key) = o.names.iter().position(|n| *n == k.names[i]) else {
+                    return false;
+                };
+                self.top = Frame {
+                    node: object,
+                    seen: 1 << key,
+                    count: 0,
+                };
+                self.due = o.values[key];
+                return true;
             }
             _ => {
                 self.due = ANY;
@@ -388,8 +425,9 @@ impl SchemaState {
                 self.due = item;
                 self.top.count < *max && schema.fits(item, self.json.depth())
             }
-            // Only the tag's value comes before the union becomes one object.
-            Node::Tagged(_) => false,
+            // Only the tag's value comes before the union becomes one object (a keyed
+            // union becomes one at its key).
+            Node::Tagged(_) | Node::Keyed(_) => false,
             _ => {
                 self.due = ANY;
                 true
@@ -450,7 +488,9 @@ impl SchemaState {
                 };
                 true
             }
-            Node::Object(_) | Node::Tagged(_) | Node::Array { .. } | Node::Any if container => {
+            Node::Object(_) | Node::Tagged(_) | Node::Keyed(_) | Node::Array { .. } | Node::Any
+                if container =>
+            {
                 if depth > 0 {
                     frames.entries.push((self.top, self.parent));
                     self.parent = frames.entries.len() as u32 - 1;
@@ -589,7 +629,8 @@ impl SchemaState {
         let complete = match schema.node(self.top.node) {
             Node::Object(o) => o.required & !self.top.seen == 0,
             Node::Array { min, .. } => self.top.count >= *min,
-            Node::Tagged(_) => false,
+            // Every object of a union requires its tag or key: `{}` is none of them.
+            Node::Tagged(_) | Node::Keyed(_) => false,
             _ => true,
         };
         if self.parent != NO_PARENT {
@@ -609,6 +650,17 @@ fn keys_that_fit(schema: &Schema, o: &ObjectNode, depth: u8) -> (u64, bool) {
         }
     }
     (fitting, o.additional.is_some_and(|n| schema.fits(n, depth)))
+}
+
+/// Whether `name`'s value in `object` fits in what is left below `depth`.
+fn key_fits(schema: &Schema, object: NodeId, name: &[u8], depth: u8) -> bool {
+    let Node::Object(o) = schema.node(object) else {
+        return false;
+    };
+    o.names
+        .iter()
+        .position(|n| **n == *name)
+        .is_some_and(|i| schema.fits(o.values[i], depth))
 }
 
 /// The low `n` bits set.

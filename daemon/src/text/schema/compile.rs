@@ -79,6 +79,9 @@ pub enum Node {
     /// `enum`/`const` values that no two share. The tag is written first; its value
     /// picks the object the rest is read against.
     Tagged(TaggedUnion),
+    /// Closed objects told apart by a key: each requires a property that no other one
+    /// lists. One of those keys is written first; its name picks the object.
+    Keyed(KeyedUnion),
     /// A `$ref` (only while compiling: resolved into the edges that point here).
     Ref(NodeId),
 }
@@ -90,6 +93,14 @@ pub struct TaggedUnion {
     /// A `Literals` node of every object's tag values.
     pub tags: NodeId,
     /// For each of `tags`' texts, the object it picks.
+    pub owners: Vec<NodeId>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedUnion {
+    /// Each object's telling key, as written inside a key's quotes.
+    pub names: Vec<Box<[u8]>>,
+    /// The object each of `names` picks.
     pub owners: Vec<NodeId>,
 }
 
@@ -206,7 +217,8 @@ impl Schema {
     /// or back-references), `format` for `date`, `time`, `date-time`, `duration`,
     /// `uuid`, `ipv4`, `ipv6`, `hostname` and `email`, `enum`, `const`, `anyOf` and `oneOf`
     /// whose alternatives begin differently (a string or null, say) or are objects told
-    /// apart by a tag (see [`Node::Tagged`]), `allOf` of one
+    /// apart by a tag (see [`Node::Tagged`]) or by keys of their own (see
+    /// [`Node::Keyed`]), `allOf` of one
     /// schema, and `$ref` to a place in the same document (`#/$defs/…`, `#`, any JSON
     /// pointer), recursive ones too. Annotations (`title`, `description`, `default`,
     /// other `format`s…) are ignored, as validators do by default; unknown keywords too.
@@ -895,7 +907,8 @@ impl Compiler<'_> {
                              `anyOf`/`oneOf`/`type` alternatives to begin differently \
                              (an object or null, a string or a number, …), and objects \
                              to share a required tag property whose `const`/`enum` \
-                             values differ",
+                             values differ, or each to require a property no other \
+                             lists and take no other keys",
                             b as char
                         ),
                     );
@@ -909,9 +922,11 @@ impl Compiler<'_> {
     }
 }
 
-/// Where a choice has two or more objects among its alternatives, and they share a tag
-/// (see [`Node::Tagged`]), puts one tagged union in their place. pydantic writes a
-/// union of models with a `Literal` field so, and OpenAI's tool-like schemas too.
+/// Where a choice has two or more objects among its alternatives, puts one union in
+/// their place: a tagged one where they share a tag (see [`Node::Tagged`]), else a keyed
+/// one where each has a key of its own (see [`Node::Keyed`]). pydantic writes a union of
+/// models with a `Literal` field as the first, and without one as the second; OpenAI's
+/// tool-like schemas are often the first.
 fn tag_object_unions(schema: &mut Schema) {
     for id in 0..schema.nodes.len() {
         let Node::Choice(alts) = &schema.nodes[id] else {
@@ -925,21 +940,58 @@ fn tag_object_unions(schema: &mut Schema) {
         if objects.len() < 2 {
             continue;
         }
-        let Some((name, (texts, owners))) = find_tag(schema, &objects) else {
+        let union = if let Some((name, (texts, owners))) = find_tag(schema, &objects) {
+            let tags = schema.nodes.len() as NodeId;
+            schema.nodes.push(Node::Literals(texts));
+            Node::Tagged(TaggedUnion { name, tags, owners })
+        } else if let Some(keyed) = find_keys(schema, &objects) {
+            Node::Keyed(keyed)
+        } else {
             continue;
         };
-        let tags = schema.nodes.len() as NodeId;
-        schema.nodes.push(Node::Literals(texts));
-        let tagged = schema.nodes.len() as NodeId;
-        schema
-            .nodes
-            .push(Node::Tagged(TaggedUnion { name, tags, owners }));
+        let union_id = schema.nodes.len() as NodeId;
+        schema.nodes.push(union);
         let Node::Choice(alts) = &mut schema.nodes[id] else {
             unreachable!("a choice")
         };
         alts.retain(|a| !objects.contains(a));
-        alts.push(tagged);
+        alts.push(union_id);
     }
+}
+
+/// For each object, its first required property that no other object lists: `None`
+/// unless every object has one and is closed (only its listed keys are written).
+/// Closed, an object's text has its own key and no other's, so it matches that object
+/// alone, as `oneOf` needs.
+fn find_keys(schema: &Schema, objects: &[NodeId]) -> Option<KeyedUnion> {
+    if objects.len() > MAX_NAMES {
+        return None;
+    }
+    let listed_elsewhere = |k: usize, name: &[u8]| {
+        objects.iter().enumerate().any(|(j, &other)| {
+            j != k
+                && match schema.node(other) {
+                    Node::Object(o) => o.names.iter().any(|n| **n == *name),
+                    _ => true,
+                }
+        })
+    };
+    let mut names = Vec::with_capacity(objects.len());
+    for (k, &object) in objects.iter().enumerate() {
+        let Node::Object(o) = schema.node(object) else {
+            return None;
+        };
+        if o.additional.is_some() {
+            return None;
+        }
+        let key = (0..o.names.len().min(MAX_NAMES))
+            .find(|&i| o.required >> i & 1 == 1 && !listed_elsewhere(k, &o.names[i]))?;
+        names.push(o.names[key].clone());
+    }
+    Some(KeyedUnion {
+        names,
+        owners: objects.to_vec(),
+    })
 }
 
 /// A tag's values (JSON texts) and, for each, the object it picks.
@@ -1013,6 +1065,7 @@ fn finite_nodes(schema: &Schema) -> Vec<bool> {
                 Node::Choice(alts) => alts.iter().any(is),
                 // Every object must be finishable once its tag is written.
                 Node::Tagged(t) => t.owners.iter().all(is),
+                Node::Keyed(k) => k.owners.iter().all(is),
                 _ => true,
             };
             changed |= finite[id];
@@ -1096,6 +1149,7 @@ fn min_depths(schema: &Schema) -> Vec<u8> {
                 Node::Choice(alts) => alts.iter().map(of).min().unwrap_or(u8::MAX),
                 // The tag picks the object: room for the deepest.
                 Node::Tagged(t) => t.owners.iter().map(of).max().unwrap_or(u8::MAX),
+                Node::Keyed(k) => k.owners.iter().map(of).max().unwrap_or(u8::MAX),
                 Node::Literals(texts) => texts.iter().map(|t| nesting(t)).min().unwrap_or(0),
                 _ => 0,
             };
@@ -1144,7 +1198,7 @@ fn first_bytes(schema: &Schema, id: NodeId) -> [u64; 4] {
             add(b"{[\"tfn");
             add(NUMBER);
         }
-        Node::Object(_) | Node::Tagged(_) => add(b"{"),
+        Node::Object(_) | Node::Tagged(_) | Node::Keyed(_) => add(b"{"),
         Node::Array { .. } => add(b"["),
         Node::String { .. } => add(b"\""),
         Node::Number { .. } => add(NUMBER),

@@ -132,6 +132,53 @@ fn tagged() -> Value {
     })
 }
 
+/// pydantic's `Union[Url, File, Inline]` without a `Literal` field: closed objects,
+/// each requiring a key of its own (`url`, `path`, `text`), beside keys they share.
+fn keyed() -> Value {
+    json!({
+        "$defs": {
+            "Url": {
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string", "maxLength": 12},
+                    "timeout": {"type": "integer", "minimum": 0}
+                },
+                "required": ["url"],
+                "additionalProperties": false
+            },
+            "File": {
+                "type": "object",
+                "properties": {
+                    "timeout": {"type": "integer", "maximum": 9},
+                    "path": {"type": "string"},
+                    "mode": {"enum": ["r", "w"]}
+                },
+                "required": ["timeout", "path"]
+            },
+            "Inline": {
+                "type": "object",
+                "properties": {"text": {"type": "string"}, "mode": {"const": "r"}},
+                "required": ["text"],
+                "additionalProperties": false
+            }
+        },
+        "type": "object",
+        "properties": {
+            "source": {"oneOf": [
+                {"$ref": "#/$defs/Url"}, {"$ref": "#/$defs/File"}, {"$ref": "#/$defs/Inline"},
+                {"type": "null"}
+            ]},
+            "more": {
+                "type": "array",
+                "items": {"anyOf": [{"$ref": "#/$defs/Url"}, {"$ref": "#/$defs/Inline"}]},
+                "maxItems": 2
+            }
+        },
+        "required": ["source"],
+        "additionalProperties": false
+    })
+}
+
 /// Strings held to patterns and formats, with length bounds that narrow them.
 fn patterns() -> Value {
     json!({
@@ -195,6 +242,7 @@ fn all_schemas() -> Vec<(&'static str, Value)> {
             k
         }),
         ("tagged", tagged()),
+        ("keyed", keyed()),
         ("patterns", patterns()),
         ("tuples", tuples()),
         ("any object", any_object()),
@@ -1007,11 +1055,68 @@ fn objects_told_apart_by_a_tag_are_read_against_the_one_it_picks() {
     ] {
         assert!(!accepts(&schema, text), "accepted {text}: {why}");
     }
-    // Objects without a tag cannot be told apart.
-    let untagged = json!({"type": "object", "properties": {"x": {"anyOf": [
-        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
-        {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}
-    ]}}});
-    let err = Schema::compile(&untagged.to_string()).unwrap_err();
-    assert!(err.to_string().contains("tag property"), "{err}");
+}
+
+#[test]
+fn closed_objects_with_keys_of_their_own_are_read_against_the_one_their_first_key_picks() {
+    let schema = compile(&keyed());
+    for text in [
+        r#"{"source":{"url":"https://x"}}"#,
+        r#"{"source":{"url":"u","timeout":30}}"#,
+        r#"{"source":{"path":"/tmp","mode":"w","timeout":3}}"#,
+        r#"{"source":{"text":"hi","mode":"r"}}"#,
+        r#"{"source":null,"more":[{"text":""},{"url":"v"}]}"#,
+    ] {
+        assert!(accepts(&schema, text), "refused {text}");
+    }
+    for (text, why) in [
+        (r#"{"source":{"url":"u","path":"p"}}"#, "`path` is File's"),
+        (
+            r#"{"source":{"path":"p","mode":"r"}}"#,
+            "File requires `timeout`",
+        ),
+        (r#"{"source":{"url":"u","timeout":-1}}"#, "Url's own bounds"),
+        (
+            r#"{"source":{"path":"p","timeout":10}}"#,
+            "File's own bounds",
+        ),
+        (
+            r#"{"source":{"text":"t","mode":"w"}}"#,
+            "Inline's `mode` is `r`",
+        ),
+        (r#"{"source":{}}"#, "every object requires its key"),
+        (r#"{"source":{"url":"u","url":"v"}}"#, "the key twice"),
+        (r#"{"source":{"other":1}}"#, "no object's key"),
+        // Valid under the schema, but the telling key must come first: it picks.
+        (
+            r#"{"source":{"timeout":3,"path":"p"}}"#,
+            "the object's own key comes first",
+        ),
+        (
+            r#"{"source":null,"more":[{"path":"p","timeout":1}]}"#,
+            "File is not in `more`",
+        ),
+    ] {
+        assert!(!accepts(&schema, text), "accepted {text}: {why}");
+    }
+    // What stays refused: an object whose every required key another one lists, and an
+    // object that takes keys it does not list (the other's key could be one of them).
+    for alternatives in [
+        json!([
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false},
+            {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"], "additionalProperties": false}
+        ]),
+        json!([
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": {"type": "string"}},
+            {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"], "additionalProperties": false}
+        ]),
+        json!([
+            {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": false},
+            {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"], "additionalProperties": false}
+        ]),
+    ] {
+        let untold = json!({"type": "object", "properties": {"x": {"anyOf": alternatives}}});
+        let err = Schema::compile(&untold.to_string()).unwrap_err();
+        assert!(err.to_string().contains("tag property"), "{err}");
+    }
 }
