@@ -259,18 +259,15 @@ impl ToolSet {
                     .collect::<Result<_, _>>()
                     .map_err(schema_error)?,
             },
-            CallSyntax::Mistral => {
-                let call = call_schema(callable_parameters.into_iter(), syntax.arguments_key());
-                let list = call_list_schema(call, parallel).to_string();
-                CallGrammar::Json(Arc::new(
-                    Schema::compile_array(&list).map_err(schema_error)?,
-                ))
-            }
             _ => {
                 let call = call_schema(callable_parameters.into_iter(), syntax.arguments_key());
-                CallGrammar::Json(Arc::new(
-                    Schema::compile(&call.to_string()).map_err(schema_error)?,
-                ))
+                let schema = match syntax {
+                    CallSyntax::Mistral => {
+                        Schema::compile_array(&call_list_schema(call, parallel).to_string())
+                    }
+                    _ => Schema::compile(&call.to_string()),
+                };
+                CallGrammar::Json(Arc::new(schema.map_err(schema_error)?))
             }
         };
         Ok(Some(ToolSet {
