@@ -13,8 +13,11 @@ eval "$(scripts/install-cuda-wheels.sh)"
 export SPARKD_NVRTC_LIB SPARKD_CUDA_INCLUDE
 export SPARKD_REQUIRE_NVRTC=1
 # Only the NVRTC test: the emulator tests already ran in `cargo test --workspace`.
-cargo test -p sparkd-kernels --test nvrtc_compile --test fake_driver_rules "$@"
+# `--workspace` with a target filter, not `-p`: selecting one package resolves features
+# for it alone, and the different feature set rebuilds sparkd and the e2e crate (~70 s
+# on 2 cores) instead of reusing what `cargo test --workspace` built.
+cargo test --workspace --test nvrtc_compile --test fake_driver_rules "$@"
 # Then the real sparkd on `--device cuda` through the stand-in driver
 # (kernels/emu/fake_libcuda.cpp): gpu-parity, the daemon, and unusable-GPU errors.
 cargo build --workspace --bins
-cargo test -p sparkd-e2e --test cuda_fake_driver "$@"
+cargo test --workspace --test cuda_fake_driver "$@"
