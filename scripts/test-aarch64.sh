@@ -27,4 +27,6 @@ fi
 # The linker and QEMU runner come from .cargo/config.toml.
 filters=("$@")
 [ ${#filters[@]} -gt 0 ] || filters=(backend::cpu quant)
-exec cargo test -p sparkd --target "$target" --lib -- "${filters[@]}"
+# The cross-test profile (Cargo.toml) builds the dependencies unoptimised: only our code
+# is under test here.
+exec cargo test -p sparkd --target "$target" --profile cross-test --lib -- "${filters[@]}"
