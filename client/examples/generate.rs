@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
                 stdout.flush()?;
             }
             // Only requests that offer tools (`PromptInput::ChatWithTools`) get calls.
-            GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::ToolCall(_) | GenerationEvent::ToolCallDelta(_) => {}
             // A thinking model's reasoning, apart from the answer.
             GenerationEvent::Reasoning(r) => eprint!("{}", r.text),
             GenerationEvent::Done(done) => {

@@ -372,6 +372,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Recorded { .. } => "Recorded",
         ServerMessage::Prefilled(_) => "Prefilled",
         ServerMessage::ToolCall(_) => "ToolCall",
+        ServerMessage::ToolCallDelta(_) => "ToolCallDelta",
         ServerMessage::Reasoning(_) => "Reasoning",
         ServerMessage::CacheStatus { .. } => "CacheStatus",
         ServerMessage::ChatFormat { .. } => "ChatFormat",
@@ -516,6 +517,7 @@ impl Routes {
             ServerMessage::Token(event) => event.id,
             ServerMessage::Prefilled(event) => event.id,
             ServerMessage::ToolCall(event) => event.id,
+            ServerMessage::ToolCallDelta(event) => event.id,
             ServerMessage::Reasoning(event) => event.id,
             ServerMessage::Done(event) => event.id,
             ServerMessage::Error(ErrorEvent { id: Some(id), .. }) => *id,
@@ -534,6 +536,7 @@ impl Routes {
             ServerMessage::Token(event) => Ok(GenerationEvent::Token(event)),
             ServerMessage::Prefilled(event) => Ok(GenerationEvent::Prefilled(event)),
             ServerMessage::ToolCall(event) => Ok(GenerationEvent::ToolCall(event)),
+            ServerMessage::ToolCallDelta(event) => Ok(GenerationEvent::ToolCallDelta(event)),
             ServerMessage::Reasoning(event) => Ok(GenerationEvent::Reasoning(event)),
             other => Err(other),
         };

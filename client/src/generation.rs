@@ -14,7 +14,7 @@ use crate::{
     error::ClientError,
     protocol::{
         ClientMessage, DoneEvent, PrefillEvent, ReasoningEvent, ServerMessage, TokenEvent,
-        ToolCallEvent,
+        ToolCallDeltaEvent, ToolCallEvent,
     },
 };
 
@@ -27,6 +27,10 @@ pub enum GenerationEvent {
     Token(TokenEvent),
     /// A function call the model made (`PromptInput::ChatWithTools` only).
     ToolCall(ToolCallEvent),
+    /// A piece of a function call being written, for requests with
+    /// [`GenerateOption::StreamToolCalls`](crate::protocol::GenerateOption::StreamToolCalls)
+    /// (daemons speaking protocol 1.9 or later; see [`ServerMessage::ToolCallDelta`]).
+    ToolCallDelta(ToolCallDeltaEvent),
     /// A thinking model's reasoning, right before the `Token` that wrote it (daemons
     /// speaking protocol 1.6 or later; see [`ServerMessage::Reasoning`]).
     Reasoning(ReasoningEvent),
@@ -41,6 +45,7 @@ impl GenerationEvent {
             GenerationEvent::Prefilled(event) => ServerMessage::Prefilled(event),
             GenerationEvent::Token(event) => ServerMessage::Token(event),
             GenerationEvent::ToolCall(event) => ServerMessage::ToolCall(event),
+            GenerationEvent::ToolCallDelta(event) => ServerMessage::ToolCallDelta(event),
             GenerationEvent::Reasoning(event) => ServerMessage::Reasoning(event),
             GenerationEvent::Done(event) => ServerMessage::Done(event),
         }
@@ -101,6 +106,8 @@ impl Generation {
 
     /// Reads the stream to its end: the generated text (the answer: a thinking model's
     /// reasoning is left out), the tool calls the model made, and the final `Done`.
+    /// Streamed pieces of calls are left out, and with them a call that was cut short
+    /// after its pieces began.
     pub async fn collect(
         mut self,
     ) -> Result<(String, Vec<crate::protocol::ToolCall>, DoneEvent), ClientError> {
@@ -110,7 +117,9 @@ impl Generation {
             match event? {
                 GenerationEvent::Token(token) => text.push_str(&token.text),
                 GenerationEvent::ToolCall(event) => calls.push(event.call),
-                GenerationEvent::Prefilled(_) | GenerationEvent::Reasoning(_) => {}
+                GenerationEvent::Prefilled(_)
+                | GenerationEvent::Reasoning(_)
+                | GenerationEvent::ToolCallDelta(_) => {}
                 GenerationEvent::Done(done) => return Ok((text, calls, done)),
             }
         }
@@ -131,6 +140,7 @@ impl Stream for Generation {
                 event @ (GenerationEvent::Token(_)
                 | GenerationEvent::Prefilled(_)
                 | GenerationEvent::ToolCall(_)
+                | GenerationEvent::ToolCallDelta(_)
                 | GenerationEvent::Reasoning(_)),
             ))) => return Poll::Ready(Some(Ok(event))),
             Poll::Ready(Some(last)) => last,

@@ -21,6 +21,8 @@
 //!         GenerationEvent::Prefilled(p) => eprintln!("{} prompt tokens cached", p.cached_tokens),
 //!         GenerationEvent::Token(token) => print!("{}", token.text),
 //!         GenerationEvent::ToolCall(c) => println!("\n{}({})", c.call.name, c.call.arguments),
+//!         // Only for requests with `GenerateOption::StreamToolCalls`.
+//!         GenerationEvent::ToolCallDelta(_) => {}
 //!         GenerationEvent::Reasoning(r) => eprint!("{}", r.text),
 //!         GenerationEvent::Done(done) => println!("\n{:?}", done.finish_reason),
 //!     }

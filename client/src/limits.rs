@@ -127,7 +127,7 @@ pub fn check_options(options: &[GenerateOption]) -> Result<(), String> {
                     json.len()
                 ));
             }
-            GenerateOption::TemplateVariables(_) => {}
+            GenerateOption::TemplateVariables(_) | GenerateOption::StreamToolCalls => {}
         }
     }
     Ok(())
@@ -137,6 +137,7 @@ pub fn check_options(options: &[GenerateOption]) -> Result<(), String> {
 fn option_name(option: &GenerateOption) -> &'static str {
     match option {
         GenerateOption::TemplateVariables(_) => "chat_template_kwargs",
+        GenerateOption::StreamToolCalls => "stream tool calls",
     }
 }
 

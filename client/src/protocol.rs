@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 8;
+pub const PROTOCOL_MINOR: u16 = 9;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -97,6 +97,14 @@ pub enum GenerateOption {
     /// [`MAX_TEMPLATE_VARIABLES_BYTES`](crate::limits::MAX_TEMPLATE_VARIABLES_BYTES).
     /// Since 1.7.
     TemplateVariables(String),
+    /// Streams each tool call while the model writes it ([`ServerMessage::ToolCallDelta`]),
+    /// as OpenAI's streaming API does: its id and name as soon as the name is whole,
+    /// then its arguments' text piece by piece. The whole [`ServerMessage::ToolCall`]
+    /// still follows when the call is complete. A call whose pieces began and that is
+    /// then cut short (`max_tokens`, a stop string, a cancel) ends there, in pieces
+    /// only, instead of coming back as text. Other inputs make no calls: there it
+    /// changes nothing. Since 1.9.
+    StreamToolCalls,
 }
 
 impl GenerateOption {
@@ -104,6 +112,7 @@ impl GenerateOption {
     pub fn since_minor(&self) -> u16 {
         match self {
             GenerateOption::TemplateVariables(_) => 7,
+            GenerateOption::StreamToolCalls => 9,
         }
     }
 }
@@ -215,6 +224,34 @@ pub enum ServerMessage {
         id: u64,
         format: ChatFormatReport,
     },
+    /// A piece of a tool call being written, for requests with
+    /// [`GenerateOption::StreamToolCalls`]: the first piece of a call carries its
+    /// opening (id and name), and the pieces' `arguments` put end to end are the
+    /// `arguments` of the call's `ToolCall` event, which follows them once the call is
+    /// complete (in Mistral's list syntax, when the list closes). Sent right before the
+    /// `Token` event of the token that wrote it. Since 1.9.
+    ToolCallDelta(ToolCallDeltaEvent),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallDeltaEvent {
+    /// The generation's id.
+    pub id: u64,
+    /// The call's index, as its `ToolCall` event has it.
+    pub index: u32,
+    /// In the call's first piece only.
+    pub opening: Option<ToolCallOpening>,
+    /// What follows of the arguments' text: whole characters, possibly none.
+    pub arguments: String,
+}
+
+/// What is known of a call before its arguments: what OpenAI's first streamed chunk of
+/// a call carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallOpening {
+    /// The id its `ToolCall` will have.
+    pub id: String,
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,6 +312,7 @@ impl ServerMessage {
             ServerMessage::ToolCall(_) => 5,
             ServerMessage::Reasoning(_) => 6,
             ServerMessage::ChatFormat { .. } => 8,
+            ServerMessage::ToolCallDelta(_) => 9,
             ServerMessage::Welcome(_)
             | ServerMessage::Token(_)
             | ServerMessage::Done(_)
@@ -916,6 +954,8 @@ mod tests {
             encode(&GenerateOption::TemplateVariables("{}".into())),
             [0, 2, b'{', b'}']
         );
+        assert_eq!(encode(&GenerateOption::StreamToolCalls), [1]);
+        assert_eq!(GenerateOption::StreamToolCalls.since_minor(), 9);
     }
 
     #[test]
@@ -1080,6 +1120,16 @@ mod tests {
                 },
                 13,
                 8,
+            ),
+            (
+                ServerMessage::ToolCallDelta(ToolCallDeltaEvent {
+                    id: 1,
+                    index: 0,
+                    opening: None,
+                    arguments: String::new(),
+                }),
+                14,
+                9,
             ),
         ];
         check(&cases, ServerMessage::since_minor);

@@ -336,6 +336,7 @@ def test_a_streamed_tool_call():
     # As OpenAI's function-calling guide accumulates a stream's calls.
     final_tool_calls = {}
     finish_reasons = []
+    argument_chunks = 0
     for chunk in stream:
         if not chunk.choices:
             continue
@@ -344,6 +345,7 @@ def test_a_streamed_tool_call():
             if index not in final_tool_calls:
                 final_tool_calls[index] = tool_call
             final_tool_calls[index].function.arguments += tool_call.function.arguments
+            argument_chunks += bool(tool_call.function.arguments)
         if chunk.choices[0].finish_reason:
             finish_reasons.append(chunk.choices[0].finish_reason)
     assert len(finish_reasons) == 1, finish_reasons
@@ -352,6 +354,9 @@ def test_a_streamed_tool_call():
     assert finish_reasons == ["tool_calls"], finish_reasons
     assert list(final_tool_calls) == [0], final_tool_calls
     check_weather_call(final_tool_calls[0])
+    # The arguments came as the model wrote them, not in one piece once the call was
+    # complete (`{"city": "Paris"}` is several tokens in any vocabulary).
+    assert argument_chunks >= 2, (argument_chunks, final_tool_calls[0].function.arguments)
 
     # The SDK's own stream helper puts the same call together.
     with client.chat.completions.stream(

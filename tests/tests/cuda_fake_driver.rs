@@ -176,6 +176,7 @@ async fn tokens_and_done(c: &spark_client::Client, req: GenerateRequest) -> (Vec
         match ev.expect("stream event") {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
+            | GenerationEvent::ToolCallDelta(_)
             | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => ids.push(t.token),
             GenerationEvent::Done(done) => return (ids, done),
@@ -293,6 +294,7 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
         match ev.expect("stream event") {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
+            | GenerationEvent::ToolCallDelta(_)
             | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => text.push_str(&t.text),
             GenerationEvent::Done(done) => finish = Some(done.finish_reason),

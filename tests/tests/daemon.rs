@@ -24,6 +24,7 @@ async fn run_one(client: &spark_client::Client, req: GenerateRequest) -> Observe
         match ev.expect("stream event") {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
+            | GenerationEvent::ToolCallDelta(_)
             | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(_) => tokens += 1,
             GenerationEvent::Done(done) => {
@@ -140,6 +141,7 @@ async fn cancel_ends_with_done_and_frees_kv() {
         match gen.next().await.expect("event").expect("ok") {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
+            | GenerationEvent::ToolCallDelta(_)
             | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(_) => {
                 seen += 1;
@@ -370,6 +372,7 @@ async fn tokens_of(client: &spark_client::Client, req: GenerateRequest) -> Vec<u
         match ev.expect("stream event") {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
+            | GenerationEvent::ToolCallDelta(_)
             | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => ids.push(t.token),
             GenerationEvent::Done(_) => return ids,

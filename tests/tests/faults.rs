@@ -453,6 +453,7 @@ async fn greedy_tokens(d: &Daemon) -> Vec<u32> {
         match event.unwrap() {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
+            | GenerationEvent::ToolCallDelta(_)
             | GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(t) => tokens.push(t.token),
             GenerationEvent::Done(done) => {

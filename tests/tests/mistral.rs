@@ -81,7 +81,9 @@ async fn answer(
             GenerationEvent::Token(t) => text.push_str(&t.text),
             GenerationEvent::ToolCall(c) => calls.push(c.call),
             GenerationEvent::Done(done) => return (text, calls, done.finish_reason),
-            GenerationEvent::Prefilled(_) | GenerationEvent::Reasoning(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::Reasoning(_)
+            | GenerationEvent::ToolCallDelta(_) => {}
         }
     }
     panic!("no Done");

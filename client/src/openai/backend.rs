@@ -6,7 +6,7 @@ use futures::stream::BoxStream;
 use crate::protocol::{
     CacheReport, ChatFormatReport, DoneEvent, ErrorKind, ExternalJob, GenerateOption,
     GenerateRequest, JobRecord, ModelInfo, OutputFormat, PrefillEvent, ReasoningEvent,
-    StatusReport, TokenEvent, ToolCallEvent,
+    StatusReport, TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -18,6 +18,9 @@ pub enum BackendEvent {
     Token(TokenEvent),
     /// A function call the model made (requests with tools only).
     ToolCall(ToolCallEvent),
+    /// A piece of a call being written (requests with
+    /// [`GenerateOption::StreamToolCalls`], to daemons speaking protocol 1.9 or later).
+    ToolCallDelta(ToolCallDeltaEvent),
     /// A thinking model's reasoning, before the token that wrote it (daemons speaking
     /// protocol 1.6 or later).
     Reasoning(ReasoningEvent),

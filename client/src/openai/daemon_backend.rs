@@ -107,6 +107,7 @@ fn backend_event(event: GenerationEvent) -> BackendEvent {
         GenerationEvent::Prefilled(prefill) => BackendEvent::Prefilled(prefill),
         GenerationEvent::Token(token) => BackendEvent::Token(token),
         GenerationEvent::ToolCall(call) => BackendEvent::ToolCall(call),
+        GenerationEvent::ToolCallDelta(delta) => BackendEvent::ToolCallDelta(delta),
         GenerationEvent::Reasoning(reasoning) => BackendEvent::Reasoning(reasoning),
         GenerationEvent::Done(done) => BackendEvent::Done(done),
     }
@@ -124,7 +125,13 @@ impl Backend for DaemonBackend {
                 .with_client(|client| {
                     let mut req = req.clone();
                     let format = format.clone();
-                    let options = options.clone();
+                    let mut options = options.clone();
+                    // Streamed calls are a preference: a daemon older than 1.9 sends
+                    // each call whole, which the stream then gives in two chunks.
+                    let minor = client.daemon().minor;
+                    options.retain(|o| {
+                        *o != GenerateOption::StreamToolCalls || o.since_minor() <= minor
+                    });
                     async move {
                         req.id = client.next_request_id();
                         client.generate_with(req, format, options).await

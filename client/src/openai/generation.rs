@@ -21,7 +21,9 @@ use super::response::{
     ChatLogprobs, ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta, TextChoice,
     TextCompletion, ToolCallDelta, Usage,
 };
-use crate::protocol::{DoneEvent, PrefillEvent, ReasoningEvent, TokenEvent, ToolCallEvent};
+use crate::protocol::{
+    DoneEvent, PrefillEvent, ReasoningEvent, TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -130,6 +132,8 @@ pub async fn collect(
             }
             // Only chat requests offer tools.
             Some(Ok(BackendEvent::ToolCall(call))) => calls.push(call.into()),
+            // Only streamed requests ask for their calls in pieces.
+            Some(Ok(BackendEvent::ToolCallDelta(_))) => {}
             // Only chat requests are split (a completion's text is all one).
             Some(Ok(BackendEvent::Reasoning(event))) => {
                 reasoning_tokens += 1;
@@ -190,6 +194,7 @@ pub fn stream(
         chars: 0,
         prefill: None,
         made_calls: false,
+        streamed_calls: Vec::new(),
         reasoning_tokens: 0,
     };
     let body = stream::unfold(state, |mut state| async move {
@@ -223,6 +228,9 @@ struct StreamState {
     prefill: Option<PrefillEvent>,
     /// A tool call was sent: the finish reason is then `tool_calls`.
     made_calls: bool,
+    /// The indices of calls whose pieces were sent as they were written: their whole
+    /// `ToolCall` adds nothing.
+    streamed_calls: Vec<u32>,
     /// Tokens that wrote reasoning, for the final usage.
     reasoning_tokens: u32,
 }
@@ -250,6 +258,9 @@ impl StreamState {
             Some(Ok(BackendEvent::Prefilled(event))) => self.prefill = Some(event),
             Some(Ok(BackendEvent::Token(token))) => out.extend(self.token_event(&token)),
             Some(Ok(BackendEvent::ToolCall(call))) => self.tool_call_events(call, &mut out),
+            Some(Ok(BackendEvent::ToolCallDelta(delta))) => {
+                out.extend(self.tool_call_delta_event(delta));
+            }
             Some(Ok(BackendEvent::Reasoning(event))) => out.extend(self.reasoning_event(event)),
             Some(Ok(BackendEvent::Done(done))) => {
                 self.finished = true;
@@ -316,13 +327,16 @@ impl StreamState {
     }
 
     /// A call as two chunks: its id and name, then its arguments (see
-    /// [`ToolCallDelta::pieces`]).
+    /// [`ToolCallDelta::pieces`]); nothing for a call already sent in pieces.
     fn tool_call_events(&mut self, call: ToolCallEvent, out: &mut Vec<Event>) {
         // Only chat requests offer tools.
         if self.meta.endpoint != Endpoint::Chat {
             return;
         }
         self.made_calls = true;
+        if self.streamed_calls.contains(&call.index) {
+            return;
+        }
         for piece in ToolCallDelta::pieces(call) {
             let delta = Delta {
                 tool_calls: vec![piece],
@@ -330,6 +344,34 @@ impl StreamState {
             };
             out.push(self.chat_event(delta, None, None));
         }
+    }
+
+    /// A piece of a call being written: its opening (id, type and name, with empty
+    /// arguments) as one chunk, then what follows of its arguments as another.
+    fn tool_call_delta_event(&mut self, delta: ToolCallDeltaEvent) -> Vec<Event> {
+        if self.meta.endpoint != Endpoint::Chat {
+            return Vec::new();
+        }
+        self.made_calls = true;
+        if !self.streamed_calls.contains(&delta.index) {
+            self.streamed_calls.push(delta.index);
+        }
+        let opening = delta
+            .opening
+            .map(|o| ToolCallDelta::opening(delta.index, o.id, o.name));
+        let arguments = (!delta.arguments.is_empty())
+            .then(|| ToolCallDelta::arguments(delta.index, delta.arguments));
+        opening
+            .into_iter()
+            .chain(arguments)
+            .map(|piece| {
+                let delta = Delta {
+                    tool_calls: vec![piece],
+                    ..Delta::default()
+                };
+                self.chat_event(delta, None, None)
+            })
+            .collect()
     }
 
     fn done_events(&mut self, done: &DoneEvent, out: &mut Vec<Event>) {

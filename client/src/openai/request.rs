@@ -529,6 +529,12 @@ fn build(
     let sampling = sampling(&common)?;
     let model = common.model.filter(|m| !m.is_empty());
     let stream = common.stream.unwrap_or(false);
+    let mut options = options;
+    if stream && matches!(input, PromptInput::ChatWithTools { .. }) {
+        // A streamed answer gives its calls' arguments as they are written, as OpenAI
+        // does, rather than each call whole once it is complete.
+        options.push(GenerateOption::StreamToolCalls);
+    }
     // Like OpenAI, usage chunks exist only in streams.
     let include_usage = stream
         && common

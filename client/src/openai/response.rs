@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::protocol::{DoneEvent, FinishReason, PrefillEvent, TokenEvent, ToolCallEvent};
+use crate::protocol::{DoneEvent, FinishReason, PrefillEvent, TokenEvent, ToolCall, ToolCallEvent};
 
 /// `usage`: OpenAI's three counts plus this request's own engine timings (additive fields
 /// that OpenAI SDKs keep as extras). Timings are in milliseconds, rates in tokens/second.
@@ -243,26 +243,41 @@ impl ToolCallDelta {
     /// have them twice in clients written after OpenAI's guide, which keep the first
     /// piece as the call and then append every piece's arguments to it.
     pub fn pieces(event: ToolCallEvent) -> [Self; 2] {
-        let index = event.index;
-        let opening = Self {
+        let ToolCall {
+            id,
+            name,
+            arguments,
+        } = event.call;
+        [
+            Self::opening(event.index, id, name),
+            Self::arguments(event.index, arguments),
+        ]
+    }
+
+    /// A call's first chunk: its id, type and name, with empty arguments.
+    pub fn opening(index: u32, id: String, name: String) -> Self {
+        Self {
             index,
-            id: Some(event.call.id),
+            id: Some(id),
             kind: Some("function"),
             function: FunctionDelta {
-                name: Some(event.call.name),
+                name: Some(name),
                 arguments: String::new(),
             },
-        };
-        let arguments = Self {
+        }
+    }
+
+    /// A chunk of a call's arguments, which clients append to what they have.
+    pub fn arguments(index: u32, arguments: String) -> Self {
+        Self {
             index,
             id: None,
             kind: None,
             function: FunctionDelta {
                 name: None,
-                arguments: event.call.arguments,
+                arguments,
             },
-        };
-        [opening, arguments]
+        }
     }
 }
 

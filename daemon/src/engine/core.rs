@@ -688,6 +688,9 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
             Some(tools) => {
                 let watched = tools.push(tool_watch_bytes(tok, token, tools.syntax(), &s.decoder));
                 let first = tools.calls() - watched.calls.len() as u32;
+                for delta in watched.deltas {
+                    s.send_tool_call_delta(delta);
+                }
                 for (index, call) in (first..).zip(watched.calls) {
                     s.send_tool_call(index, call);
                 }

@@ -153,6 +153,7 @@ fn request_template_vars(sub: &Submission) -> Result<TemplateVars, ErrorEvent> {
             GenerateOption::TemplateVariables(json) => {
                 vars = TemplateVars::parse(json).map_err(|e| refuse(e.to_string()))?;
             }
+            GenerateOption::StreamToolCalls => {}
         }
     }
     Ok(vars)
@@ -526,7 +527,14 @@ impl EngineHandle {
             decoder: StreamDecoder::skipping_control_but(self.think_controls.clone()),
             stop: StopMatcher::new(&req.stop),
             json,
-            tools: tools.map(|t| CallWatcher::new(t, opens_thinking, self.think)),
+            tools: tools.map(|t| {
+                let watcher = CallWatcher::new(t, opens_thinking, self.think);
+                if sub.options.contains(&GenerateOption::StreamToolCalls) {
+                    watcher.streaming()
+                } else {
+                    watcher
+                }
+            }),
             reasoning,
             logprobs: req.logprobs,
             events: sub.events,

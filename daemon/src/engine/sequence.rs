@@ -5,14 +5,14 @@ use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
     DoneEvent, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ReasoningEvent, ServerMessage,
-    Timings, TokenEvent, ToolCall, ToolCallEvent, Usage,
+    Timings, TokenEvent, ToolCall, ToolCallDeltaEvent, ToolCallEvent, Usage,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::model::BlockTable;
 use crate::text::constraint::JsonConstraint;
 use crate::text::reasoning::ReasoningSplitter;
-use crate::text::tools::watch::{CallConstraint, CallWatcher};
+use crate::text::tools::watch::{CallConstraint, CallDelta, CallWatcher};
 use crate::text::{Sampler, StopMatcher, StreamDecoder};
 
 use super::api::{ClientInfo, ConnId};
@@ -131,6 +131,18 @@ impl Sequence {
             call,
         };
         self.send(ServerMessage::ToolCall(event));
+    }
+
+    /// Sends a piece of a tool call being written; a closed channel means the client
+    /// has gone.
+    pub fn send_tool_call_delta(&mut self, delta: CallDelta) {
+        let event = ToolCallDeltaEvent {
+            id: self.request_id,
+            index: delta.index,
+            opening: delta.opening,
+            arguments: delta.arguments,
+        };
+        self.send(ServerMessage::ToolCallDelta(event));
     }
 
     pub fn completion_tokens(&self) -> usize {

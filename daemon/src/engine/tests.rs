@@ -681,6 +681,7 @@ fn submit_tool_chat(
     tools: Vec<spark_client::protocol::ToolSpec>,
     choice: spark_client::protocol::ToolChoice,
     sampling: SamplingParams,
+    options: Vec<GenerateOption>,
 ) -> tokio::sync::mpsc::UnboundedReceiver<ServerMessage> {
     use spark_client::protocol::ToolChatMessage;
     let request = GenerateRequest {
@@ -697,7 +698,7 @@ fn submit_tool_chat(
         stop: Vec::new(),
         logprobs: None,
     };
-    submit_request(engine, request, OutputFormat::Text).expect("accepted")
+    submit_with_options(engine, request, OutputFormat::Text, options, true).expect("accepted")
 }
 
 #[test]
@@ -797,7 +798,9 @@ fn a_required_call_in_the_mistral_syntax_is_an_array_of_one_call() {
 
 /// Asks for a required call 16 times (sampled from the random model) and checks each
 /// answer: one call of an offered tool with valid arguments and no text, or, cut short,
-/// the call's text so far (its first bytes in `syntax`). How many calls completed.
+/// the call's text so far (its first bytes in `syntax`). Every other request streams its
+/// call: its pieces come first and add up to it, and cut short after its opening it
+/// stays in pieces rather than coming back as text. How many calls completed.
 fn required_calls(config: EngineConfig, syntax: CallSyntax) -> usize {
     // What a call cut short begins with (or a beginning of it, for a header).
     let starts: &[&str] = match syntax {
@@ -850,23 +853,49 @@ fn required_calls(config: EngineConfig, syntax: CallSyntax) -> usize {
             logit_bias,
             ..SamplingParams::default()
         };
+        let stream = seed % 2 == 1;
+        let options = if stream {
+            vec![GenerateOption::StreamToolCalls]
+        } else {
+            Vec::new()
+        };
         let mut events = submit_tool_chat(
             &engine,
             seed + 1,
             tools.clone(),
             ToolChoice::Required,
             sampling,
+            options,
         );
-        let (mut text, mut calls) = (String::new(), Vec::new());
+        let (mut text, mut calls, mut pieces) = (String::new(), Vec::new(), Vec::new());
         let done = loop {
             match events.blocking_recv().expect("a Done") {
                 ServerMessage::Token(t) => text.push_str(&t.text),
                 ServerMessage::ToolCall(c) => calls.push(c),
+                ServerMessage::ToolCallDelta(d) if stream => {
+                    assert!(calls.is_empty(), "seed {seed}: a piece after its call");
+                    assert_eq!((d.id, d.index), (seed + 1, 0), "seed {seed}");
+                    assert_eq!(d.opening.is_some(), pieces.is_empty(), "seed {seed}");
+                    pieces.push(d);
+                }
                 ServerMessage::Done(done) => break done,
                 ServerMessage::Prefilled(_) => {}
                 other => panic!("unexpected {other:?}"),
             }
         };
+        let opening = pieces.first().and_then(|p| p.opening.clone());
+        let streamed: String = pieces.iter().map(|p| p.arguments.as_str()).collect();
+        if let (Some(opening), Some(call)) = (&opening, calls.first()) {
+            assert_eq!(
+                (&opening.id, &opening.name),
+                (&call.call.id, &call.call.name)
+            );
+            assert_eq!(streamed, call.call.arguments, "seed {seed}");
+        }
+        assert!(
+            !stream || done.finish_reason != FinishReason::Stop || opening.is_some(),
+            "seed {seed}: a streamed call without pieces"
+        );
         match done.finish_reason {
             FinishReason::Stop => {
                 called += 1;
@@ -894,6 +923,16 @@ fn required_calls(config: EngineConfig, syntax: CallSyntax) -> usize {
                     "now" => assert!(arguments.is_object()),
                     other => panic!("seed {seed}: called {other}"),
                 }
+            }
+            // Cut short after a streamed call's opening: its pieces are all of it.
+            FinishReason::Length if opening.is_some() => {
+                assert!(calls.is_empty() && text.is_empty(), "seed {seed}: {text:?}");
+                let name = &opening.as_ref().expect("opened").name;
+                assert!(["get_weather", "now"].contains(&name.as_str()));
+                assert!(
+                    streamed.is_empty() || streamed.starts_with('{'),
+                    "{streamed:?}"
+                );
             }
             // Cut short: the call's text so far comes back as text, nothing is lost.
             FinishReason::Length => {

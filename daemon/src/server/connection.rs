@@ -383,6 +383,12 @@ impl Connection {
         // connections' streams wait for.
         let compiles = matches!(format, OutputFormat::JsonSchema { .. })
             || matches!(request.input, PromptInput::ChatWithTools { .. });
+        // A client that could not decode `ToolCallDelta` gets each call whole (and a call
+        // cut short as text), whatever it asked for.
+        let mut options = options;
+        if GenerateOption::StreamToolCalls.since_minor() > self.peer_minor {
+            options.retain(|o| *o != GenerateOption::StreamToolCalls);
+        }
         let submission = Submission {
             conn: self.conn,
             client: self.client,

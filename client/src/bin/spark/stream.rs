@@ -62,6 +62,8 @@ pub async fn stream(
         };
         match event {
             Some(Ok(GenerationEvent::Prefilled(prefill))) => outcome.prefill = Some(prefill),
+            // `spark` asks for each call whole (no `StreamToolCalls`).
+            Some(Ok(GenerationEvent::ToolCallDelta(_))) => {}
             Some(Ok(GenerationEvent::Reasoning(event))) => match mode {
                 Mode::Text => {
                     output::err_dim_text(&event.text);

@@ -15,8 +15,8 @@ use crate::openai::{
 use crate::protocol::{
     CacheReport, ChatFormatReport, DoneEvent, ErrorKind, FinishReason, GenerateOption,
     GenerateRequest, JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput, ReasoningEvent,
-    StatusReport, Timings, TokenEvent, TokenLogprobs, ToolCall, ToolCallEvent, ToolChoice,
-    ToolSpec, Usage,
+    StatusReport, Timings, TokenEvent, TokenLogprobs, ToolCall, ToolCallDeltaEvent, ToolCallEvent,
+    ToolCallOpening, ToolChoice, ToolSpec, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -26,6 +26,8 @@ pub const MODEL: &str = "fake-model";
 pub const PIECES: &[&str] = &["Hel", "lo", "", ",", " world"];
 /// The arguments of every call the fake makes.
 pub const CALL_ARGUMENTS: &str = r#"{"city":"Paris","unit":"celsius"}"#;
+/// The pieces it streams them in (`StreamToolCalls`), the first with the call's opening.
+pub const CALL_ARGUMENT_PIECES: &[&str] = &[r#"{"city":"#, r#""Paris","unit""#, r#":"celsius"}"#];
 
 /// What the next calls do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,9 @@ pub enum Behaviour {
     /// A thinking model: `REASONING` (each piece a `Reasoning` event and an empty
     /// `Token`), then the usual answer.
     Think,
+    /// As `Reply`, but each call comes whole even when asked for in pieces, as from a
+    /// daemon older than protocol 1.9.
+    WholeCalls,
 }
 
 /// What a thinking fake reasons, token by token, before its answer.
@@ -198,13 +203,46 @@ impl Drop for DropGuard {
     }
 }
 
+/// Call `index` of generation `id` as the daemon streams it: its opening with the first
+/// piece of its arguments, the other pieces, then the whole call; cut short, only the
+/// opening and the first piece.
+fn streamed_call(id: u64, index: usize, name: &str, cut: bool) -> Vec<BackendEvent> {
+    let index32 = index as u32;
+    let mut events: Vec<BackendEvent> = CALL_ARGUMENT_PIECES
+        .iter()
+        .enumerate()
+        .map(|(i, piece)| {
+            BackendEvent::ToolCallDelta(ToolCallDeltaEvent {
+                id,
+                index: index32,
+                opening: (i == 0).then(|| ToolCallOpening {
+                    id: call_id(id, index32),
+                    name: name.to_string(),
+                }),
+                arguments: piece.to_string(),
+            })
+        })
+        .collect();
+    if cut {
+        events.truncate(1);
+    } else {
+        events.push(tool_call(id, index, name));
+    }
+    events
+}
+
 impl FakeBackend {
-    fn reply(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
-        self.reply_thinking(req, &[])
+    fn reply(self: &Arc<Self>, req: &GenerateRequest, stream_calls: bool) -> EventStream {
+        self.reply_thinking(req, &[], stream_calls)
     }
 
     /// As `reply`, with `reasoning` before the answer (one token each).
-    fn reply_thinking(self: &Arc<Self>, req: &GenerateRequest, reasoning: &[&str]) -> EventStream {
+    fn reply_thinking(
+        self: &Arc<Self>,
+        req: &GenerateRequest,
+        reasoning: &[&str],
+        stream_calls: bool,
+    ) -> EventStream {
         let id = req.id;
         let prompt = prompt_tokens(&req.input);
         let (says_text, calls) = planned_calls(&req.input);
@@ -219,7 +257,27 @@ impl FakeBackend {
             cached_tokens: cached_tokens(prompt),
         });
         // Calls come after the text, whole; a text cut short by max_tokens stands for a
-        // later call cut short, so the answer still ends with `Length`.
+        // later call cut short, so the answer still ends with `Length`. Streamed, such
+        // a call is its first pieces and no more.
+        let cut = limit < pieces.len();
+        let call_events: Vec<BackendEvent> = if stream_calls {
+            let calls = if cut {
+                &calls[..calls.len().min(1)]
+            } else {
+                &calls[..]
+            };
+            calls
+                .iter()
+                .enumerate()
+                .flat_map(|(i, name)| streamed_call(id, i, name, cut))
+                .collect()
+        } else {
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, name)| tool_call(id, i, name))
+                .collect()
+        };
         let thinking = reasoning.iter().enumerate().flat_map(|(i, text)| {
             [
                 Ok(BackendEvent::Reasoning(ReasoningEvent {
@@ -237,14 +295,9 @@ impl FakeBackend {
                     .enumerate()
                     .map(|(i, p)| Ok(BackendEvent::Token(token(id, i, p, req.logprobs)))),
             )
-            .chain(
-                calls
-                    .iter()
-                    .enumerate()
-                    .map(|(i, name)| Ok(tool_call(id, i, name))),
-            )
+            .chain(call_events.into_iter().map(Ok))
             .collect();
-        let finish = if limit < pieces.len() {
+        let finish = if cut {
             FinishReason::Length
         } else {
             FinishReason::Stop
@@ -374,8 +427,15 @@ impl Backend for SharedFake {
                     return Ok(stream::iter([Err(err)]).boxed());
                 }
             }
+            let stream_calls = fake
+                .options
+                .lock()
+                .unwrap()
+                .last()
+                .is_some_and(|o| o.contains(&GenerateOption::StreamToolCalls));
             Ok(match fake.behaviour() {
-                Behaviour::Reply => fake.reply(&req),
+                Behaviour::Reply => fake.reply(&req, stream_calls),
+                Behaviour::WholeCalls => fake.reply(&req, false),
                 Behaviour::Busy => {
                     stream::iter([Err(BackendError::Busy("queue full (64 waiting)".into()))])
                         .boxed()
@@ -384,7 +444,7 @@ impl Backend for SharedFake {
                 Behaviour::EngineErrorMidStream => fake.engine_error(&req),
                 Behaviour::Hang => fake.hang(&req, true),
                 Behaviour::HangBeforeFirstToken => fake.hang(&req, false),
-                Behaviour::Think => fake.reply_thinking(&req, REASONING),
+                Behaviour::Think => fake.reply_thinking(&req, REASONING, stream_calls),
             })
         })
     }

@@ -3,10 +3,12 @@
 
 use serde_json::{json, Value};
 
-use super::fake::{call_id, Behaviour, TestServer, CALL_ARGUMENTS, MODEL, PIECES};
+use super::fake::{
+    call_id, Behaviour, TestServer, CALL_ARGUMENTS, CALL_ARGUMENT_PIECES, MODEL, PIECES,
+};
 use super::{client, sse_chunks};
 use crate::openai::RouterOptions;
-use crate::protocol::{PromptInput, ToolChoice};
+use crate::protocol::{GenerateOption, PromptInput, ToolChoice};
 
 fn tool(name: &str) -> Value {
     json!({"type": "function", "function": {
@@ -185,8 +187,9 @@ async fn no_calls_means_no_tool_calls_field_and_a_cut_answer_stays_length() {
 }
 
 #[tokio::test]
-async fn streamed_calls_are_an_opening_chunk_then_the_arguments() {
-    let server = TestServer::start(Behaviour::Reply, RouterOptions::default()).await;
+async fn whole_calls_stream_as_an_opening_chunk_then_the_arguments() {
+    // A daemon older than 1.9 sends each call whole, whatever the shim asked for.
+    let server = TestServer::start(Behaviour::WholeCalls, RouterOptions::default()).await;
     let chunks = streamed(
         &server,
         body(
@@ -227,6 +230,92 @@ async fn streamed_calls_are_an_opening_chunk_then_the_arguments() {
             expected_call(id, 1, "get_time")
         ]
     );
+}
+
+#[tokio::test]
+async fn calls_stream_piece_by_piece_as_the_daemon_writes_them() {
+    let server = TestServer::start(Behaviour::Reply, RouterOptions::default()).await;
+    let chunks = streamed(
+        &server,
+        body(
+            &["get_weather", "get_time"],
+            json!({"tool_choice": "required", "stream_options": {"include_usage": true}}),
+        ),
+    )
+    .await;
+    let id = server.fake.last_request().id;
+    // The shim asked for the calls in pieces.
+    let options = server.fake.options.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(options, [GenerateOption::StreamToolCalls]);
+    // Role chunk; per call its opening, then one chunk per piece of the arguments (the
+    // daemon's first piece came with the opening); the finish chunk, the usage chunk.
+    let per_call = 1 + CALL_ARGUMENT_PIECES.len();
+    assert_eq!(chunks.len(), 1 + 2 * per_call + 1 + 1, "{chunks:?}");
+    let delta = |i: usize| chunks[i]["choices"][0]["delta"].clone();
+    assert_eq!(
+        delta(1),
+        json!({"tool_calls": [{"index": 0, "id": call_id(id, 0), "type": "function",
+                               "function": {"name": "get_weather", "arguments": ""}}]})
+    );
+    for (i, piece) in CALL_ARGUMENT_PIECES.iter().enumerate() {
+        assert_eq!(
+            delta(2 + i),
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+        );
+    }
+    assert_eq!(delta(1 + per_call)["tool_calls"][0]["index"], 1);
+    assert_eq!(
+        delta(1 + per_call)["tool_calls"][0]["function"]["name"],
+        "get_time"
+    );
+    let last = chunks.len() - 2;
+    assert_eq!(chunks[last]["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(chunks[last + 1]["usage"]["completion_tokens"], 2);
+    // The whole `ToolCall` that followed each call's pieces added nothing: a client
+    // written after OpenAI's guide gets each call once, arguments whole.
+    assert_eq!(
+        accumulate_like_the_guide(&chunks),
+        [
+            expected_call(id, 0, "get_weather"),
+            expected_call(id, 1, "get_time")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_streamed_call_cut_short_ends_in_its_pieces_with_length() {
+    let server = TestServer::start(Behaviour::Reply, RouterOptions::default()).await;
+    let chunks = streamed(&server, body(&["get_weather"], json!({"max_tokens": 2}))).await;
+    let id = server.fake.last_request().id;
+    let mut cut = expected_call(id, 0, "get_weather");
+    cut["function"]["arguments"] = json!(CALL_ARGUMENT_PIECES[0]);
+    assert_eq!(accumulate_like_the_guide(&chunks), [cut]);
+    let last = &chunks.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "length");
+}
+
+#[tokio::test]
+async fn only_streamed_answers_ask_for_calls_in_pieces() {
+    let server = TestServer::start(Behaviour::Reply, RouterOptions::default()).await;
+    let v = answer(
+        &server,
+        body(&["get_weather"], json!({"tool_choice": "required"})),
+    )
+    .await;
+    let id = server.fake.last_request().id;
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"],
+        json!([expected_call(id, 0, "get_weather")])
+    );
+    let options = server.fake.options.lock().unwrap().last().cloned().unwrap();
+    assert!(options.is_empty(), "{options:?}");
+    // A streamed answer without tools has no calls to stream.
+    let mut plain = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+    plain["stream"] = json!(true);
+    let (status, _) = post(&server, plain).await;
+    assert_eq!(status, 200);
+    let options = server.fake.options.lock().unwrap().last().cloned().unwrap();
+    assert!(options.is_empty(), "{options:?}");
 }
 
 #[tokio::test]

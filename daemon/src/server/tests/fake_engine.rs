@@ -8,9 +8,9 @@ use std::{
 };
 
 use spark_client::protocol::{
-    CacheReport, ChatFormatReport, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord,
-    ModelInfo, OutputFormat, PrefillEvent, PromptInput, ServerMessage, StatusReport, Timings,
-    TokenEvent, TokenPiece, Usage,
+    CacheReport, ChatFormatReport, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateOption,
+    JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput, ServerMessage, StatusReport,
+    Timings, TokenEvent, TokenPiece, Usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -47,6 +47,7 @@ struct State {
     running: HashMap<(ConnId, u64), Running>,
     submissions: Vec<(ConnId, ClientInfo, u64)>,
     formats: Vec<(u64, OutputFormat)>,
+    options: Vec<(u64, Vec<GenerateOption>)>,
     cancels: Vec<(ConnId, u64, FinishReason)>,
     connection_cancels: Vec<ConnId>,
     finished: Vec<((ConnId, u64), FinishReason, u32)>,
@@ -89,6 +90,11 @@ impl FakeEngine {
 
     pub fn submissions(&self) -> Vec<(ConnId, ClientInfo, u64)> {
         self.lock().submissions.clone()
+    }
+
+    /// (request id, options) of every submission, as the engine got them.
+    pub fn options(&self) -> Vec<(u64, Vec<GenerateOption>)> {
+        self.lock().options.clone()
     }
 
     /// (request id, output format) of every submission.
@@ -165,7 +171,7 @@ impl Engine for FakeEngine {
             client,
             request,
             format,
-            options: _,
+            options,
             split_reasoning: _,
             arrived,
             events,
@@ -190,6 +196,7 @@ impl Engine for FakeEngine {
         }
         state.submissions.push((conn, client, id));
         state.formats.push((id, format));
+        state.options.push((id, options));
         let stop = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
         state.running.insert(

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::BufMut;
 use spark_client::protocol::{
-    ClientMessage, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ServerMessage,
-    PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    ClientMessage, ErrorEvent, ErrorKind, FinishReason, GenerateOption, OutputFormat, PrefillEvent,
+    ServerMessage, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 
 use super::{
@@ -438,6 +438,35 @@ async fn prefilled_reaches_only_clients_that_can_decode_it() {
         .await;
     let (tokens, done) = read_generation(&mut older, 1).await;
     assert_eq!((tokens.len(), done.usage.completion_tokens), (3, 3));
+}
+
+#[tokio::test]
+async fn calls_are_streamed_only_to_clients_that_can_decode_the_pieces() {
+    let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
+    let streamed = |id| ClientMessage::GenerateWith {
+        request: request(id, "hi", 1),
+        format: OutputFormat::Text,
+        options: vec![GenerateOption::StreamToolCalls],
+    };
+    // A client of 1.9 or later gets what it asked for.
+    let mut current = server.raw().await;
+    current.hello().await;
+    current.send(&streamed(1)).await;
+    read_generation(&mut current, 1).await;
+    // One that announced 1.8 cannot decode `ToolCallDelta`: its calls come whole, and a
+    // call cut short as text, so nothing is lost behind pieces it never sees.
+    let mut older = server.raw().await;
+    older.send(&hello(PROTOCOL_MAJOR, 8)).await;
+    assert!(matches!(
+        older.recv().await,
+        Some(ServerMessage::Welcome(_))
+    ));
+    older.send(&streamed(2)).await;
+    read_generation(&mut older, 2).await;
+    assert_eq!(
+        server.engine.options(),
+        [(1, vec![GenerateOption::StreamToolCalls]), (2, Vec::new())]
+    );
 }
 
 #[tokio::test]

@@ -38,6 +38,7 @@
 
 pub mod header;
 pub mod prompt;
+pub mod scan;
 pub mod watch;
 
 use std::sync::Arc;

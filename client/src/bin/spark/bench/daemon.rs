@@ -100,7 +100,9 @@ async fn one_stream(
         let now = start.elapsed().as_secs_f64();
         match event? {
             // The bench offers no tools.
-            GenerationEvent::Prefilled(_) | GenerationEvent::ToolCall(_) => {}
+            GenerationEvent::Prefilled(_)
+            | GenerationEvent::ToolCall(_)
+            | GenerationEvent::ToolCallDelta(_) => {}
             // Each token's Reasoning event is followed by its Token event.
             GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(_) => sample.token_arrived(now),
