@@ -861,6 +861,52 @@ fn tool_calls_on_the_default_model_print_as_lines_and_json_events() {
 }
 
 #[test]
+fn a_call_cut_short_shows_what_was_written_of_it_and_says_so() {
+    let Some(model) = default_model() else {
+        eprintln!("skipping: the default model is not on this machine");
+        return;
+    };
+    let dir = TempDir::new("cli-tools-cut");
+    let tools = tools_file(&dir, "weather.json", WEATHER_TOOLS);
+    let d = Daemon::start(&model, &[]);
+    // Room for the call's name and the start of its arguments, not for all of them.
+    let out = spark(
+        &d.socket,
+        &[
+            "run",
+            "--tools",
+            &tools,
+            "--tool-choice",
+            "required",
+            "--max-tokens",
+            "14",
+            "What is the weather like in Paris today?",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("get_weather("))
+        .unwrap_or_else(|| panic!("no call line: {stdout:?}"));
+    let written = line.strip_prefix("get_weather(").unwrap();
+    assert!(
+        written.starts_with('{') && !written.ends_with(')'),
+        "{line:?}"
+    );
+    assert!(
+        serde_json::from_str::<serde_json::Value>(written).is_err(),
+        "the arguments are unfinished: {written:?}"
+    );
+    assert!(!stdout.contains("<tool_call>"), "no call text: {stdout:?}");
+    assert!(
+        text(&out.stderr).contains("(the call was cut short)"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn chat_on_the_default_model_keeps_a_turn_that_made_calls_in_its_history() {
     let Some(model) = default_model() else {
         eprintln!("skipping: the default model is not on this machine");

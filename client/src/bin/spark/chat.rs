@@ -32,12 +32,13 @@ pub struct Args {
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let format = args.request.output_format()?;
     let tools = args.request.tool_set()?;
-    let options = args.request.options()?;
+    let mut options = args.request.options()?;
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
         client = connect::connect(global, Autostart::Allowed) => client?,
         _ = interrupts.recv() => return Ok(exit::code(exit::INTERRUPTED)),
     };
+    stream::stream_calls(&mut options, Mode::Text, tools.is_some(), &client);
     let interactive = io::stdin().is_terminal();
     let mut lines = stdin_lines();
     let mut turns: Vec<ToolChatMessage> = Vec::new();

@@ -36,7 +36,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let prompt = read_prompt(args.prompt.as_deref())?;
     let format = args.request.output_format()?;
     let tools = args.request.tool_set()?;
-    let options = args.request.options()?;
+    let mut options = args.request.options()?;
     // From here on Ctrl-C is ours: it cancels instead of killing the process.
     let mut interrupts = signal(SignalKind::interrupt()).context("cannot catch Ctrl-C")?;
     let client = tokio::select! {
@@ -56,10 +56,11 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let request = args
         .request
         .request(client.next_request_id(), global.requested_model(), input);
+    let mode = if args.json { Mode::Json } else { Mode::Text };
+    stream::stream_calls(&mut options, mode, tools.is_some(), &client);
     let generation = client
         .generate_with(request, format.clone(), options)
         .await?;
-    let mode = if args.json { Mode::Json } else { Mode::Text };
     let outcome = stream::stream(generation, mode, &mut interrupts).await?;
 
     if let (Mode::Text, Some(done)) = (mode, &outcome.done) {

@@ -2,8 +2,8 @@
 
 use futures::StreamExt;
 use spark_client::{
-    protocol::{DoneEvent, PrefillEvent, ToolCall},
-    ClientError, Generation, GenerationEvent,
+    protocol::{DoneEvent, GenerateOption, PrefillEvent, ToolCall},
+    Client, ClientError, Generation, GenerationEvent,
 };
 use tokio::signal::unix::Signal;
 
@@ -32,8 +32,20 @@ pub struct Outcome {
     pub interrupted: bool,
 }
 
+/// Asks for a request's calls in pieces (`StreamToolCalls`) where `mode` shows them as
+/// they are written: text, with tools offered, from a daemon that knows the option.
+/// `--json` keeps one event per whole call.
+pub fn stream_calls(options: &mut Vec<GenerateOption>, mode: Mode, tools: bool, client: &Client) {
+    let option = GenerateOption::StreamToolCalls;
+    if mode == Mode::Text && tools && client.daemon().minor >= option.since_minor() {
+        options.push(option);
+    }
+}
+
 /// Streams `generation` to its end. The first Ctrl-C asks the daemon to cancel and
 /// waits for the `Done`; a second one stops waiting (dropping the stream cancels too).
+/// A call streamed in pieces is shown as it is written: `name(` and its arguments, the
+/// `)` once it is complete.
 pub async fn stream(
     mut generation: Generation,
     mode: Mode,
@@ -45,6 +57,8 @@ pub async fn stream(
     let mut line_open = false;
     // Reasoning went to stderr since the last newline there.
     let mut reasoning_open = false;
+    // The index of the call being shown in pieces, its line open.
+    let mut call_open: Option<u32> = None;
     loop {
         let event = tokio::select! {
             event = generation.next() => event,
@@ -62,8 +76,24 @@ pub async fn stream(
         };
         match event {
             Some(Ok(GenerationEvent::Prefilled(prefill))) => outcome.prefill = Some(prefill),
-            // `spark` asks for each call whole (no `StreamToolCalls`).
-            Some(Ok(GenerationEvent::ToolCallDelta(_))) => {}
+            // Only asked for in text mode (see `stream_calls`).
+            Some(Ok(GenerationEvent::ToolCallDelta(delta))) => {
+                let mut shown = String::new();
+                if let Some(opening) = &delta.opening {
+                    end_line(line_open)?;
+                    call_open = Some(delta.index);
+                    line_open = true;
+                    shown = format!("{}(", opening.name);
+                }
+                if call_open == Some(delta.index) {
+                    shown.push_str(&one_line(&delta.arguments));
+                    if terminal {
+                        output::out(&output::terminal_safe(&shown))?;
+                    } else {
+                        output::out(&shown)?;
+                    }
+                }
+            }
             Some(Ok(GenerationEvent::Reasoning(event))) => match mode {
                 Mode::Text => {
                     output::err_dim_text(&event.text);
@@ -91,6 +121,12 @@ pub async fn stream(
             }
             Some(Ok(GenerationEvent::ToolCall(event))) => {
                 match mode {
+                    Mode::Text if call_open == Some(event.index) => {
+                        // Shown while it was written: only its end is left.
+                        call_open = None;
+                        line_open = false;
+                        output::out_line(")")?;
+                    }
                     Mode::Text => {
                         end_line(line_open)?;
                         line_open = false;
@@ -110,7 +146,12 @@ pub async fn stream(
                     output::err_text("\n");
                 }
                 match mode {
-                    Mode::Text => end_line(line_open)?,
+                    Mode::Text => {
+                        end_line(line_open)?;
+                        if call_open.is_some() {
+                            output::dim_line("(the call was cut short)");
+                        }
+                    }
                     Mode::Json => output::out_line(&json::line(&json::Event::done(
                         &done,
                         outcome.prefill.as_ref(),
@@ -150,8 +191,12 @@ fn end_line(line_open: bool) -> std::io::Result<()> {
 /// daemon sent, on one line. A raw line break in JSON text can only be whitespace
 /// between tokens (inside strings it is escaped), so a space keeps the meaning.
 fn call_line(call: &ToolCall) -> String {
-    let arguments = call.arguments.replace(['\n', '\r'], " ");
-    format!("{}({arguments})", call.name)
+    format!("{}({})", call.name, one_line(&call.arguments))
+}
+
+/// JSON text on one line (see [`call_line`]).
+fn one_line(json: &str) -> String {
+    json.replace(['\n', '\r'], " ")
 }
 
 #[cfg(test)]
