@@ -176,17 +176,21 @@ impl Client {
     /// [`Client::generate_as`] with [`GenerateOption`]s (chat-template variables...).
     /// Options need a daemon speaking protocol 1.7 or later (an older one gives
     /// `VersionMismatch`, and nothing is sent); without any, the request goes as
-    /// `Generate` or `GenerateFormatted`, which older daemons take.
+    /// `Generate` or `GenerateFormatted`, which older daemons take. A
+    /// [preference](GenerateOption::is_preference) the daemon is too old to know is left
+    /// out: it answers as it would without it.
     pub async fn generate_with(
         &self,
         request: GenerateRequest,
         format: OutputFormat,
-        options: Vec<GenerateOption>,
+        mut options: Vec<GenerateOption>,
     ) -> Result<Generation, ClientError> {
         let invalid = |message| ClientError::InvalidRequest {
             kind: ErrorKind::InvalidRequest,
             message,
         };
+        let minor = self.shared.welcome.minor;
+        options.retain(|o| !o.is_preference() || o.since_minor() <= minor);
         crate::limits::check_request(&request).map_err(invalid)?;
         crate::limits::check_options(&options).map_err(invalid)?;
         let id = request.id;

@@ -529,6 +529,45 @@ async fn template_variables_are_refused_locally_by_a_1_6_daemon() {
 }
 
 #[tokio::test]
+async fn a_preference_an_older_daemon_does_not_know_is_left_out() {
+    // A 1.8 daemon: the calls come whole instead of in pieces, and the request goes.
+    let (client, mut daemon) = connected_minor(8).await;
+    let vars = GenerateOption::TemplateVariables("{}".into());
+    let options = vec![GenerateOption::StreamToolCalls, vars.clone()];
+    let _older = client
+        .generate_with(request(1), OutputFormat::Text, options.clone())
+        .await
+        .unwrap();
+    match daemon.next().await {
+        Some(Ok(ClientMessage::GenerateWith { options, .. })) => assert_eq!(options, [vars]),
+        other => panic!("{other:?}"),
+    }
+    // Alone, it leaves no option: the plain message older daemons take.
+    let _plain = client
+        .generate_with(
+            request(2),
+            OutputFormat::Text,
+            vec![GenerateOption::StreamToolCalls],
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        daemon.next().await,
+        Some(Ok(ClientMessage::Generate(GenerateRequest { id: 2, .. })))
+    ));
+    // A 1.9 daemon gets it.
+    let (client, mut daemon) = connected_minor(9).await;
+    let _current = client
+        .generate_with(request(1), OutputFormat::Text, options.clone())
+        .await
+        .unwrap();
+    match daemon.next().await {
+        Some(Ok(ClientMessage::GenerateWith { options: sent, .. })) => assert_eq!(sent, options),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn options_go_as_generate_with_and_no_options_as_before() {
     let (client, mut daemon) = connected_minor(7).await;
     let _plain = client

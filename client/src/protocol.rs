@@ -115,6 +115,15 @@ impl GenerateOption {
             GenerateOption::StreamToolCalls => 9,
         }
     }
+
+    /// Whether the answer is right without it, only in another shape: a client may
+    /// leave it out for a daemon too old to know it (the Rust client does).
+    pub fn is_preference(&self) -> bool {
+        match self {
+            GenerateOption::TemplateVariables(_) => false,
+            GenerateOption::StreamToolCalls => true,
+        }
+    }
 }
 
 /// The form a generation's text must take.

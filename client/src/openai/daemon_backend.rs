@@ -125,13 +125,9 @@ impl Backend for DaemonBackend {
                 .with_client(|client| {
                     let mut req = req.clone();
                     let format = format.clone();
-                    let mut options = options.clone();
-                    // Streamed calls are a preference: a daemon older than 1.9 sends
-                    // each call whole, which the stream then gives in two chunks.
-                    let minor = client.daemon().minor;
-                    options.retain(|o| {
-                        *o != GenerateOption::StreamToolCalls || o.since_minor() <= minor
-                    });
+                    // (A daemon older than 1.9 is not asked for calls in pieces: it
+                    // sends each whole, which the stream then gives in two chunks.)
+                    let options = options.clone();
                     async move {
                         req.id = client.next_request_id();
                         client.generate_with(req, format, options).await

@@ -503,7 +503,7 @@ fn build(
     input: PromptInput,
     logprobs: Option<u8>,
     format: OutputFormat,
-    options: Vec<GenerateOption>,
+    mut options: Vec<GenerateOption>,
 ) -> Result<ParsedRequest, ApiError> {
     if let Some(n) = common.n {
         if n != 1 {
@@ -529,7 +529,6 @@ fn build(
     let sampling = sampling(&common)?;
     let model = common.model.filter(|m| !m.is_empty());
     let stream = common.stream.unwrap_or(false);
-    let mut options = options;
     if stream && matches!(input, PromptInput::ChatWithTools { .. }) {
         // A streamed answer gives its calls' arguments as they are written, as OpenAI
         // does, rather than each call whole once it is complete.

@@ -38,7 +38,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         client = connect::connect(global, Autostart::Allowed) => client?,
         _ = interrupts.recv() => return Ok(exit::code(exit::INTERRUPTED)),
     };
-    stream::stream_calls(&mut options, Mode::Text, tools.is_some(), &client);
+    stream::stream_calls(&mut options, Mode::Text, tools.is_some());
     let interactive = io::stdin().is_terminal();
     let mut lines = stdin_lines();
     let mut turns: Vec<ToolChatMessage> = Vec::new();

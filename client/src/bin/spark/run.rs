@@ -57,7 +57,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
         .request
         .request(client.next_request_id(), global.requested_model(), input);
     let mode = if args.json { Mode::Json } else { Mode::Text };
-    stream::stream_calls(&mut options, mode, tools.is_some(), &client);
+    stream::stream_calls(&mut options, mode, tools.is_some());
     let generation = client
         .generate_with(request, format.clone(), options)
         .await?;

@@ -3,7 +3,7 @@
 use futures::StreamExt;
 use spark_client::{
     protocol::{DoneEvent, GenerateOption, PrefillEvent, ToolCall},
-    Client, ClientError, Generation, GenerationEvent,
+    ClientError, Generation, GenerationEvent,
 };
 use tokio::signal::unix::Signal;
 
@@ -33,12 +33,11 @@ pub struct Outcome {
 }
 
 /// Asks for a request's calls in pieces (`StreamToolCalls`) where `mode` shows them as
-/// they are written: text, with tools offered, from a daemon that knows the option.
-/// `--json` keeps one event per whole call.
-pub fn stream_calls(options: &mut Vec<GenerateOption>, mode: Mode, tools: bool, client: &Client) {
-    let option = GenerateOption::StreamToolCalls;
-    if mode == Mode::Text && tools && client.daemon().minor >= option.since_minor() {
-        options.push(option);
+/// they are written: text, with tools offered (a daemon older than 1.9 is not asked,
+/// see `Client::generate_with`). `--json` keeps one event per whole call.
+pub fn stream_calls(options: &mut Vec<GenerateOption>, mode: Mode, tools: bool) {
+    if mode == Mode::Text && tools {
+        options.push(GenerateOption::StreamToolCalls);
     }
 }
 
