@@ -26,8 +26,8 @@ use crate::{
     generation::{Generation, GenerationEvent},
     protocol::{
         CacheReport, ChatFormatReport, ClientMessage, ErrorEvent, ErrorKind, ExternalJob,
-        GenerateOption, GenerateRequest, Hello, JobRecord, ModelInfo, OutputFormat, ServerMessage,
-        StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+        GenerateOption, GenerateRequest, Hello, JobEntry, JobRecord, ModelInfo, OutputFormat,
+        ServerMessage, StatusReport, TokenPiece, Welcome, PROTOCOL_MAJOR, PROTOCOL_MINOR,
     },
 };
 
@@ -275,6 +275,24 @@ impl Client {
         }
     }
 
+    /// The most recent finished jobs, newest first, at most `limit`, with the figures a
+    /// `JobRecord` cannot carry, such as the prompt tokens taken from the prefix cache.
+    /// A daemon older than protocol 1.10 is asked for its plain records, and those
+    /// figures come back `None`.
+    pub async fn job_entries(&self, limit: u32) -> Result<Vec<JobEntry>, ClientError> {
+        if self.shared.welcome.minor < 10 {
+            let jobs = self.jobs(limit).await?;
+            return Ok(jobs.into_iter().map(JobEntry::from).collect());
+        }
+        match self
+            .request(|id| ClientMessage::JobEntries { id, limit })
+            .await?
+        {
+            ServerMessage::JobEntries { jobs, .. } => Ok(jobs),
+            other => Err(unexpected("JobEntries", &other)),
+        }
+    }
+
     pub async fn models(&self) -> Result<Vec<ModelInfo>, ClientError> {
         match self.request(|id| ClientMessage::Models { id }).await? {
             ServerMessage::Models { models, .. } => Ok(models),
@@ -380,6 +398,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Reasoning(_) => "Reasoning",
         ServerMessage::CacheStatus { .. } => "CacheStatus",
         ServerMessage::ChatFormat { .. } => "ChatFormat",
+        ServerMessage::JobEntries { .. } => "JobEntries",
     }
 }
 
@@ -531,7 +550,8 @@ impl Routes {
             | ServerMessage::Models { id, .. }
             | ServerMessage::Recorded { id, .. }
             | ServerMessage::CacheStatus { id, .. }
-            | ServerMessage::ChatFormat { id, .. } => *id,
+            | ServerMessage::ChatFormat { id, .. }
+            | ServerMessage::JobEntries { id, .. } => *id,
             // A second Welcome, or a connection error (handled by the caller): no route.
             ServerMessage::Welcome(_) | ServerMessage::Error(ErrorEvent { id: None, .. }) => return,
         };

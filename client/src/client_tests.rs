@@ -445,6 +445,42 @@ async fn record_job_sends_the_job_and_returns_the_daemons_record() {
     );
 }
 
+#[tokio::test]
+async fn job_entries_asks_a_1_10_daemon_for_entries_and_an_older_one_for_records() {
+    let record = external_job().to_record(3, None, None);
+    let entry = JobEntry {
+        record: record.clone(),
+        cached_tokens: Some(16),
+    };
+
+    let (client, mut daemon) = connected_minor(10).await;
+    let listed = tokio::spawn(async move { client.job_entries(5).await });
+    let id = match daemon.next().await {
+        Some(Ok(ClientMessage::JobEntries { id, limit: 5 })) => id,
+        other => panic!("expected JobEntries, got {other:?}"),
+    };
+    let jobs = vec![entry.clone()];
+    daemon
+        .send(ServerMessage::JobEntries { id, jobs })
+        .await
+        .unwrap();
+    assert_eq!(listed.await.unwrap().expect("entries"), [entry]);
+
+    // A 1.9 daemon cannot read `JobEntries`: it gets `Jobs`, and nothing is known of
+    // the cache.
+    let (client, mut daemon) = connected_minor(9).await;
+    let listed = tokio::spawn(async move { client.job_entries(5).await });
+    let id = match daemon.next().await {
+        Some(Ok(ClientMessage::Jobs { id, limit: 5 })) => id,
+        other => panic!("expected Jobs, got {other:?}"),
+    };
+    let jobs = vec![record.clone()];
+    daemon.send(ServerMessage::Jobs { id, jobs }).await.unwrap();
+    let got = listed.await.unwrap().expect("records");
+    assert_eq!(got, [JobEntry::from(record)]);
+    assert_eq!(got[0].cached_tokens, None);
+}
+
 /// A request refused locally sent nothing: the next one is the first the daemon sees.
 async fn assert_nothing_was_sent(client: Client, mut daemon: Daemon) {
     let status = tokio::spawn(async move { client.jobs(1).await });

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 9;
+pub const PROTOCOL_MINOR: u16 = 10;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -81,6 +81,13 @@ pub enum ClientMessage {
     /// `ChatFormat`.
     ChatFormat {
         id: u64,
+    },
+    /// The most recent finished jobs, newest first, at most `limit`, each with what its
+    /// `JobRecord` cannot carry (see [`JobEntry`]). Since 1.10; the daemon answers
+    /// `JobEntries`.
+    JobEntries {
+        id: u64,
+        limit: u32,
     },
 }
 
@@ -240,6 +247,11 @@ pub enum ServerMessage {
     /// complete (in Mistral's list syntax, when the list closes). Sent right before the
     /// `Token` event of the token that wrote it. Since 1.9.
     ToolCallDelta(ToolCallDeltaEvent),
+    /// The answer to `ClientMessage::JobEntries`. Since 1.10.
+    JobEntries {
+        id: u64,
+        jobs: Vec<JobEntry>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,6 +299,7 @@ impl ClientMessage {
             ClientMessage::RecordJob { .. } => 1,
             ClientMessage::CacheStatus { .. } => 2,
             ClientMessage::ChatFormat { .. } => 8,
+            ClientMessage::JobEntries { .. } => 10,
             ClientMessage::GenerateFormatted { request, format } => {
                 format.since_minor().max(request.input.since_minor())
             }
@@ -322,6 +335,7 @@ impl ServerMessage {
             ServerMessage::Reasoning(_) => 6,
             ServerMessage::ChatFormat { .. } => 8,
             ServerMessage::ToolCallDelta(_) => 9,
+            ServerMessage::JobEntries { .. } => 10,
             ServerMessage::Welcome(_)
             | ServerMessage::Token(_)
             | ServerMessage::Done(_)
@@ -766,6 +780,29 @@ pub struct JobRecord {
     pub estimated: bool,
 }
 
+/// A finished job as `ClientMessage::JobEntries` lists it: the record, and the figures
+/// that came after `JobRecord`'s shape was fixed (postcard is positional, so a record
+/// cannot grow a field within major 1). Since 1.10.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobEntry {
+    pub record: JobRecord,
+    /// Of the prompt's tokens, those the daemon took from its prefix cache instead of
+    /// computing them (`PrefillEvent::cached_tokens`). `None` for a job the daemon did
+    /// not run itself (a forwarded one) and for one that never reached admission.
+    pub cached_tokens: Option<u32>,
+}
+
+impl From<JobRecord> for JobEntry {
+    /// An entry with nothing known beyond the record: what a daemon older than 1.10
+    /// can tell.
+    fn from(record: JobRecord) -> Self {
+        JobEntry {
+            record,
+            cached_tokens: None,
+        }
+    }
+}
+
 /// A job another engine served, as the proxy in front of it measured it: counts and
 /// timings, never text. Sent with `ClientMessage::RecordJob` (protocol 1.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -952,6 +989,7 @@ mod tests {
                 7,
             ),
             (ClientMessage::ChatFormat { id: 1 }, 11, 8),
+            (ClientMessage::JobEntries { id: 1, limit: 1 }, 12, 10),
         ];
         check(&cases, ClientMessage::since_minor);
     }
@@ -1139,6 +1177,14 @@ mod tests {
                 }),
                 14,
                 9,
+            ),
+            (
+                ServerMessage::JobEntries {
+                    id: 1,
+                    jobs: Vec::new(),
+                },
+                15,
+                10,
             ),
         ];
         check(&cases, ServerMessage::since_minor);

@@ -189,6 +189,11 @@ try {
       `/v1/jobs says ${jobs.data[0].usage.completion_tokens} tokens, the page ${firstCount}`);
     assert(await newest.locator('td[data-col="client"]').innerText() === `pid ${jobs.data[0].client_pid}`,
       'client column');
+    // The daemon ran this job itself: how much of its prompt the cache gave is known.
+    const cached = jobs.data[0].cached_tokens;
+    assert(Number.isInteger(cached), `/v1/jobs cached_tokens ${cached}`);
+    const cachedCell = await newest.locator('td[data-col="cached"]').innerText();
+    assert(cachedCell === String(cached), `cached column ${cachedCell}, /v1/jobs ${cached}`);
   });
 
   await check('a second message carries the first exchange and the system prompt', async () => {

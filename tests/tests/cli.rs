@@ -132,6 +132,29 @@ fn a_repeated_prompt_says_how_much_came_from_the_prefix_cache() {
     assert!(third.trim().ends_with(&cached), "{third:?}");
     assert_eq!(parse_stats(third.trim()).1, 3);
 
+    // `spark jobs` keeps each job's figure, newest first: none cached the first time.
+    let jobs = spark(&d.socket, &["jobs", "--json"]);
+    assert!(jobs.status.success(), "{}", text(&jobs.stderr));
+    let cached_per_job: Vec<Option<u64>> = text(&jobs.stdout)
+        .lines()
+        .map(|l| {
+            let job: serde_json::Value = serde_json::from_str(l).expect("job JSON");
+            job["cached_tokens"].as_u64()
+        })
+        .collect();
+    assert_eq!(cached_per_job, [Some(reused), Some(reused), Some(0)]);
+    let table = text(&spark(&d.socket, &["jobs"]).stdout);
+    assert!(
+        table.lines().next().unwrap().contains(" IN  CACHED  OUT"),
+        "{table}"
+    );
+    // Figures are right-aligned: the newest job's prompt size, then its cached tokens.
+    let in_then_cached = format!("{prompt_tokens} {reused:>7} ");
+    assert!(
+        table.lines().nth(1).unwrap().contains(&in_then_cached),
+        "{table}"
+    );
+
     // `spark status` adds up what the cache saved: twice `reused` of three prompts.
     let out = spark(&d.socket, &["status", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -5,7 +5,7 @@ use futures::stream::BoxStream;
 
 use crate::protocol::{
     CacheReport, ChatFormatReport, DoneEvent, ErrorKind, ExternalJob, GenerateOption,
-    GenerateRequest, JobRecord, ModelInfo, OutputFormat, PrefillEvent, ReasoningEvent,
+    GenerateRequest, JobEntry, JobRecord, ModelInfo, OutputFormat, PrefillEvent, ReasoningEvent,
     StatusReport, TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
 };
 
@@ -69,7 +69,7 @@ pub trait Backend: Send + Sync + 'static {
     fn models(&self) -> BoxFuture<'_, Result<Vec<ModelInfo>, BackendError>>;
     fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>>;
     /// The most recent finished jobs, newest first, at most `limit`.
-    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>>;
+    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobEntry>, BackendError>>;
     /// The daemon's prefix cache (daemons speaking protocol 1.2 or later).
     fn cache_status(&self) -> BoxFuture<'_, Result<CacheReport, BackendError>> {
         Box::pin(async {

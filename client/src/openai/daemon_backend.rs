@@ -10,8 +10,8 @@ use tokio::sync::Mutex;
 
 use super::backend::{Backend, BackendError, BackendEvent, EventStream};
 use crate::protocol::{
-    CacheReport, ChatFormatReport, ExternalJob, GenerateOption, GenerateRequest, JobRecord,
-    ModelInfo, OutputFormat, StatusReport,
+    CacheReport, ChatFormatReport, ExternalJob, GenerateOption, GenerateRequest, JobEntry,
+    JobRecord, ModelInfo, OutputFormat, StatusReport,
 };
 use crate::{Client, ClientError, GenerationEvent};
 
@@ -156,8 +156,8 @@ impl Backend for DaemonBackend {
         Box::pin(self.with_client(|client| async move { client.chat_format().await }))
     }
 
-    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {
-        Box::pin(self.with_client(move |client| async move { client.jobs(limit).await }))
+    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobEntry>, BackendError>> {
+        Box::pin(self.with_client(move |client| async move { client.job_entries(limit).await }))
     }
 
     fn record_job(&self, job: ExternalJob) -> BoxFuture<'_, Result<JobRecord, BackendError>> {

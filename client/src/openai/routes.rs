@@ -17,7 +17,9 @@ use super::error::ApiError;
 use super::generation::{self, Endpoint, ResponseMeta};
 use super::metrics::Metrics;
 use super::request::{self, ParsedRequest};
-use crate::protocol::{CacheReport, ChatFormatReport, JobRecord, ModelInfo, StatusReport};
+use crate::protocol::{
+    CacheReport, ChatFormatReport, JobEntry, JobRecord, ModelInfo, StatusReport,
+};
 
 /// Jobs returned by `/v1/jobs` when no `limit` is given, and the most it returns.
 const DEFAULT_JOBS_LIMIT: u32 = 100;
@@ -231,6 +233,35 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// A job as `/v1/jobs` shows it: the record's fields, and what `JobEntry` adds beside it
+/// (`null` when not known). Read back by the proxy, which merges its own jobs in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobJson {
+    #[serde(flatten)]
+    pub record: JobRecord,
+    /// Prompt tokens taken from the daemon's prefix cache.
+    #[serde(default)]
+    pub cached_tokens: Option<u32>,
+}
+
+impl From<JobEntry> for JobJson {
+    fn from(entry: JobEntry) -> Self {
+        JobJson {
+            record: entry.record,
+            cached_tokens: entry.cached_tokens,
+        }
+    }
+}
+
+impl From<JobJson> for JobEntry {
+    fn from(job: JobJson) -> Self {
+        JobEntry {
+            record: job.record,
+            cached_tokens: job.cached_tokens,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub struct JobsQuery {
     limit: Option<u32>,
@@ -245,7 +276,13 @@ pub async fn jobs(
         .limit
         .unwrap_or(DEFAULT_JOBS_LIMIT)
         .min(MAX_JOBS_LIMIT);
-    let data: Vec<JobRecord> = state.backend.jobs(limit).await?;
+    let data: Vec<JobJson> = state
+        .backend
+        .jobs(limit)
+        .await?
+        .into_iter()
+        .map(JobJson::from)
+        .collect();
     Ok(Json(List {
         object: "list",
         data,

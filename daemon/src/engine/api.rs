@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use spark_client::protocol::{
     CacheReport, ChatFormatReport, ErrorEvent, ExternalJob, FinishReason, GenerateOption,
-    GenerateRequest, JobRecord, ModelInfo, OutputFormat, ServerMessage, StatusReport, TokenPiece,
+    GenerateRequest, JobEntry, JobRecord, ModelInfo, OutputFormat, ServerMessage, StatusReport,
+    TokenPiece,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -57,7 +58,7 @@ pub trait Engine: Send + Sync + 'static {
     /// How the model's chats are rendered and read.
     fn chat_format(&self) -> ChatFormatReport;
     /// Most recent first, at most `limit`.
-    fn jobs(&self, limit: usize) -> Vec<JobRecord>;
+    fn jobs(&self, limit: usize) -> Vec<JobEntry>;
     fn models(&self) -> Vec<ModelInfo>;
     /// Books a job another engine served (reported by a proxy) in the jobs list and
     /// returns it as listed. The default keeps nothing and numbers it 0, for engines

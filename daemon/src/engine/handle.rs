@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 use spark_client::limits::check_options;
 use spark_client::protocol::{
     CacheReport, ChatFormatReport, ErrorEvent, ErrorKind, ExternalJob, FinishReason,
-    GenerateOption, GenerateRequest, JobRecord, ModelInfo, OutputFormat, PromptInput, StatusReport,
-    TokenPiece,
+    GenerateOption, GenerateRequest, JobEntry, JobRecord, ModelInfo, OutputFormat, PromptInput,
+    StatusReport, TokenPiece,
 };
 
 use crate::backend::{Backend, CpuBackend, DeviceReport};
@@ -689,7 +689,7 @@ impl Engine for EngineHandle {
         }
     }
 
-    fn jobs(&self, limit: usize) -> Vec<JobRecord> {
+    fn jobs(&self, limit: usize) -> Vec<JobEntry> {
         self.shared.recent_jobs(limit)
     }
 

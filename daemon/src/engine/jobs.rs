@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use spark_client::protocol::{DoneEvent, JobRecord};
+use spark_client::protocol::{DoneEvent, JobEntry, JobRecord};
 
 use super::sequence::Sequence;
 
@@ -36,7 +36,7 @@ pub struct Shared {
     model_name: String,
     keep_jobs: usize,
     load: Mutex<Load>,
-    jobs: Mutex<VecDeque<JobRecord>>,
+    jobs: Mutex<VecDeque<JobEntry>>,
     /// When the engine loop last went round; the watchdog's evidence of life.
     heartbeat: Mutex<Instant>,
     /// Requests running or queued per client uid, for the per-user limit.
@@ -116,21 +116,26 @@ impl Shared {
             finish_reason: done.finish_reason,
             estimated: false,
         };
-        self.push_job(record);
+        // A request that never got in had no prompt read, from the cache or otherwise.
+        let cached_tokens = s.timings.admitted.map(|_| s.n_reused as u32);
+        self.push_job(JobEntry {
+            record,
+            cached_tokens,
+        });
     }
 
     /// Books a job another engine served. It counts in the jobs list only: the load
     /// totals are this daemon's own work.
     pub(crate) fn record_external(&self, record: JobRecord) {
-        self.push_job(record);
+        self.push_job(JobEntry::from(record));
     }
 
-    fn push_job(&self, record: JobRecord) {
+    fn push_job(&self, entry: JobEntry) {
         let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         if jobs.len() >= self.keep_jobs.max(1) {
             jobs.pop_front();
         }
-        jobs.push_back(record);
+        jobs.push_back(entry);
     }
 
     /// Counts a new request of `uid` unless it already has `limit` in flight; returns
@@ -156,7 +161,7 @@ impl Shared {
     }
 
     /// Most recent first.
-    pub fn recent_jobs(&self, limit: usize) -> Vec<JobRecord> {
+    pub fn recent_jobs(&self, limit: usize) -> Vec<JobEntry> {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         jobs.iter().rev().take(limit).cloned().collect()
     }
@@ -194,7 +199,11 @@ mod tests {
         for n in 1..=3 {
             shared.record_external(record(n, "ollama"));
         }
-        let jobs: Vec<u64> = shared.recent_jobs(10).iter().map(|j| j.job).collect();
+        let jobs: Vec<u64> = shared
+            .recent_jobs(10)
+            .iter()
+            .map(|j| j.record.job)
+            .collect();
         assert_eq!(
             jobs,
             [3, 2],

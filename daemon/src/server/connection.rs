@@ -324,7 +324,15 @@ impl Connection {
             }
             ClientMessage::Jobs { id, limit } => {
                 let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                let jobs = self.engine.jobs(limit);
                 self.reply(ServerMessage::Jobs {
+                    id,
+                    jobs: jobs.into_iter().map(|entry| entry.record).collect(),
+                });
+            }
+            ClientMessage::JobEntries { id, limit } => {
+                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                self.reply(ServerMessage::JobEntries {
                     id,
                     jobs: self.engine.jobs(limit),
                 });

@@ -1,7 +1,7 @@
 //! Human-readable renderings: the stats line, the jobs table, the status report.
 
 use spark_client::protocol::{
-    CacheReport, ChatFormatReport, DoneEvent, FinishReason, JobRecord, PrefillEvent, StatusReport,
+    CacheReport, ChatFormatReport, DoneEvent, FinishReason, JobEntry, PrefillEvent, StatusReport,
 };
 
 /// `33.5 tok/s · 60 tokens · 1.8 s to first token`, plus how much of the prompt came
@@ -48,15 +48,16 @@ fn seconds(ms: f64) -> String {
 
 /// The `spark jobs` table, newest first as given. `now_ms` is the current Unix time in
 /// milliseconds, for the WHEN column.
-pub fn jobs_table(jobs: &[JobRecord], now_ms: u64) -> String {
+pub fn jobs_table(jobs: &[JobEntry], now_ms: u64) -> String {
     let header = [
-        "ID", "WHEN", "PID", "IN", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE",
+        "ID", "WHEN", "PID", "IN", "CACHED", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE",
     ];
     // Text columns are left-aligned, figures right-aligned.
-    let right = [true, true, true, true, true, true, true, false, false];
-    let rows: Vec<[String; 9]> = jobs
+    let right = [true, true, true, true, true, true, true, true, false, false];
+    let rows: Vec<[String; 10]> = jobs
         .iter()
-        .map(|job| {
+        .map(|entry| {
+            let job = &entry.record;
             let estimate = if job.estimated { "~" } else { "" };
             [
                 job.job.to_string(),
@@ -67,6 +68,10 @@ pub fn jobs_table(jobs: &[JobRecord], now_ms: u64) -> String {
                 job.client_pid
                     .map_or_else(|| "-".to_owned(), |pid| pid.to_string()),
                 format!("{estimate}{}", job.usage.prompt_tokens),
+                // Unknown (a forwarded job, an older daemon) differs from none cached.
+                entry
+                    .cached_tokens
+                    .map_or_else(|| "-".to_owned(), |cached| cached.to_string()),
                 format!("{estimate}{}", job.usage.completion_tokens),
                 job.timings
                     .ttft_ms
@@ -279,7 +284,7 @@ pub fn uptime(seconds: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spark_client::protocol::{ModelInfo, Timings, Usage};
+    use spark_client::protocol::{JobRecord, ModelInfo, Timings, Usage};
 
     fn done(
         tps: Option<f64>,
@@ -370,8 +375,8 @@ mod tests {
         );
     }
 
-    fn job(n: u64, estimated: bool, finished_unix_ms: u64) -> JobRecord {
-        JobRecord {
+    fn job(n: u64, estimated: bool, finished_unix_ms: u64) -> JobEntry {
+        let record = JobRecord {
             job: n,
             request_id: 1,
             client_pid: if n % 2 == 0 { Some(4242) } else { None },
@@ -391,6 +396,11 @@ mod tests {
             },
             finish_reason: FinishReason::Stop,
             estimated,
+        };
+        JobEntry {
+            record,
+            // A forwarded job's (odd numbers here) cache is not known.
+            cached_tokens: (n % 2 == 0).then_some(1200),
         }
     }
 
@@ -405,7 +415,7 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("ID"));
         for column in [
-            "WHEN", "PID", "IN", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE",
+            "WHEN", "PID", "IN", "CACHED", "OUT", "TTFT", "TOK/S", "FINISH", "ENGINE",
         ] {
             assert!(
                 lines[0].contains(column),
@@ -415,11 +425,11 @@ mod tests {
         }
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),
-            ["12", "5s", "ago", "4242", "1234", "60", "250ms", "33.5", "stop", "sparkd"]
+            ["12", "5s", "ago", "4242", "1234", "1200", "60", "250ms", "33.5", "stop", "sparkd"]
         );
         assert_eq!(
             lines[2].split_whitespace().collect::<Vec<_>>(),
-            ["7", "2h", "ago", "-", "~1234", "~60", "250ms", "~33.5", "stop", "sparkd"]
+            ["7", "2h", "ago", "-", "~1234", "-", "~60", "250ms", "~33.5", "stop", "sparkd"]
         );
         // Right-aligned figures: the OUT column ends at the same offset on every line.
         let end_of = |line: &str, cell: &str| line.find(cell).map(|i| i + cell.len());

@@ -22,7 +22,7 @@ pub struct Args {
 
 pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let client = connect::connect(global, Autostart::Never).await?;
-    let jobs = client.jobs(args.limit).await?;
+    let jobs = client.job_entries(args.limit).await?;
     if args.json {
         for job in &jobs {
             output::out_line(&json::line(&json::Job::from(job)))?;
@@ -32,7 +32,7 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         output::out_line(&format::jobs_table(&jobs, now_ms))?;
-        if jobs.iter().any(|job| job.estimated) {
+        if jobs.iter().any(|job| job.record.estimated) {
             output::dim_line("~ estimated");
         }
     }

@@ -5,7 +5,7 @@ use serde::Serialize;
 use spark_client::{
     kind_name,
     protocol::{
-        DoneEvent, JobRecord, PrefillEvent, ReasoningEvent, Timings, TokenEvent, ToolCallEvent,
+        DoneEvent, JobEntry, PrefillEvent, ReasoningEvent, Timings, TokenEvent, ToolCallEvent,
         Usage,
     },
     ClientError,
@@ -120,13 +120,16 @@ pub struct Job<'a> {
     started_unix_ms: u64,
     finished_unix_ms: u64,
     usage: &'a Usage,
+    /// Prompt tokens taken from the prefix cache; `null` when not known.
+    cached_tokens: Option<u32>,
     timings: &'a Timings,
     finish_reason: &'static str,
     estimated: bool,
 }
 
-impl<'a> From<&'a JobRecord> for Job<'a> {
-    fn from(job: &'a JobRecord) -> Self {
+impl<'a> From<&'a JobEntry> for Job<'a> {
+    fn from(entry: &'a JobEntry) -> Self {
+        let job = &entry.record;
         Job {
             job: job.job,
             request_id: job.request_id,
@@ -137,6 +140,7 @@ impl<'a> From<&'a JobRecord> for Job<'a> {
             started_unix_ms: job.started_unix_ms,
             finished_unix_ms: job.finished_unix_ms,
             usage: &job.usage,
+            cached_tokens: entry.cached_tokens,
             timings: &job.timings,
             finish_reason: job.finish_reason.as_str(),
             estimated: job.estimated,

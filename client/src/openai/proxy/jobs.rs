@@ -10,7 +10,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::openai::backend::Backend;
 use crate::openai::metrics::Metrics;
-use crate::protocol::{CountSource, DecodeClock, ExternalJob, JobRecord};
+use crate::protocol::{CountSource, DecodeClock, ExternalJob, JobEntry, JobRecord};
 
 /// Forwarded jobs the proxy remembers itself.
 pub const KEEP_JOBS: usize = 256;
@@ -21,6 +21,9 @@ pub const KEEP_JOBS: usize = 256;
 pub struct JobView {
     #[serde(flatten)]
     pub record: JobRecord,
+    /// Prompt tokens the daemon took from its prefix cache: `null` on forwarded jobs,
+    /// as on `/v1/jobs` without the proxy.
+    pub cached_tokens: Option<u32>,
     /// The upstream's URL.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
@@ -52,6 +55,7 @@ impl Entry {
     fn view(&self, record: JobRecord) -> JobView {
         JobView {
             record,
+            cached_tokens: None,
             upstream: Some(self.upstream.clone()),
             counts: Some(self.counts),
             decode_clock: Some(self.decode_clock),
@@ -112,15 +116,15 @@ impl JobLog {
     /// The daemon's jobs (`None`: the daemon is unreachable) with the forwarded ones
     /// annotated, plus forwarded jobs the daemon never saw; newest first, at most
     /// `limit`.
-    pub fn merge(&self, daemon: Option<Vec<JobRecord>>, limit: usize) -> Vec<JobView> {
+    pub fn merge(&self, daemon: Option<Vec<JobEntry>>, limit: usize) -> Vec<JobView> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let mut views: Vec<JobView> = match daemon {
             Some(records) => {
                 let mut views: Vec<JobView> = records
                     .into_iter()
-                    .map(|record| match entries.iter().find(|e| e.is(&record)) {
-                        Some(entry) => entry.view(record),
-                        None => plain(record),
+                    .map(|job| match entries.iter().find(|e| e.is(&job.record)) {
+                        Some(entry) => entry.view(job.record),
+                        None => plain(job),
                     })
                     .collect();
                 views.extend(
@@ -141,9 +145,11 @@ impl JobLog {
     }
 }
 
-fn plain(record: JobRecord) -> JobView {
+/// A job of the daemon's own, as it listed it.
+fn plain(job: JobEntry) -> JobView {
     JobView {
-        record,
+        record: job.record,
+        cached_tokens: job.cached_tokens,
         upstream: None,
         counts: None,
         decode_clock: None,
@@ -191,10 +197,14 @@ mod tests {
         }
     }
 
-    fn own(job: u64, finished: u64) -> JobRecord {
-        JobRecord {
-            engine: "sparkd".into(),
-            ..external(job, finished).to_record(job, None, None)
+    /// A job the daemon ran itself, 12 of its prompt tokens from the cache.
+    fn own(job: u64, finished: u64) -> JobEntry {
+        JobEntry {
+            record: JobRecord {
+                engine: "sparkd".into(),
+                ..external(job, finished).to_record(job, None, None)
+            },
+            cached_tokens: Some(12),
         }
     }
 
@@ -206,7 +216,7 @@ mod tests {
         log.push(&taken, Some(taken_record.clone()));
         log.push(&external(2, 300), None);
         // The daemon's list: its own job 8 and the forwarded job 7, newest first.
-        let daemon = vec![own(8, 200), taken_record.clone()];
+        let daemon = vec![own(8, 200), taken_record.clone().into()];
         let merged = log.merge(Some(daemon), 10);
         let order: Vec<(u64, &str)> = merged
             .iter()
@@ -215,7 +225,11 @@ mod tests {
         assert_eq!(order, [(300, "llama"), (200, "sparkd"), (100, "llama")]);
         assert_eq!(merged[0].recorded_by_daemon, Some(false));
         assert_eq!(merged[0].record.job, 0);
-        assert_eq!(merged[1].upstream, None);
+        assert_eq!(
+            (merged[1].upstream.as_ref(), merged[1].cached_tokens),
+            (None, Some(12))
+        );
+        assert_eq!(merged[2].cached_tokens, None);
         assert_eq!(merged[2].record, taken_record);
         assert_eq!(merged[2].decode_clock, Some(DecodeClock::Stream));
         assert_eq!(merged[2].recorded_by_daemon, Some(true));
@@ -236,7 +250,7 @@ mod tests {
             started_unix_ms: 1,
             ..external(3, 50).to_record(0, None, None)
         };
-        let merged = log.merge(Some(vec![stranger]), 1_000);
+        let merged = log.merge(Some(vec![stranger.into()]), 1_000);
         assert!(merged
             .iter()
             .any(|v| v.record.started_unix_ms == 1 && v.upstream.is_none()));
@@ -251,7 +265,9 @@ mod tests {
         assert_eq!(forwarded["upstream"], "http://127.0.0.1:8091");
         assert_eq!(forwarded["decode_clock"], "Stream");
         assert_eq!(forwarded["usage"]["completion_tokens"], 2);
+        assert!(forwarded["cached_tokens"].is_null());
         let own = serde_json::to_value(plain(own(1, 100))).unwrap();
         assert!(own.get("upstream").is_none() && own.get("decode_clock").is_none());
+        assert_eq!(own["cached_tokens"], 12);
     }
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::Proxy;
 use crate::openai::error::ApiError;
-use crate::protocol::JobRecord;
+use crate::openai::routes::JobJson;
 
 /// As the `/v1/jobs` handler: the default number of jobs and the most it returns.
 const DEFAULT_JOBS_LIMIT: usize = 100;
@@ -110,8 +110,8 @@ pub async fn jobs(proxy: &Proxy, request: Request, next: Next) -> Response {
         .limit
         .map_or(DEFAULT_JOBS_LIMIT, |l| l as usize)
         .min(MAX_JOBS_LIMIT);
-    let daemon = match daemon_list::<JobRecord>(next.run(request).await).await {
-        Daemon::Listed(records) => Some(records),
+    let daemon = match daemon_list::<JobJson>(next.run(request).await).await {
+        Daemon::Listed(jobs) => Some(jobs.into_iter().map(Into::into).collect()),
         Daemon::Down(_) => None,
         Daemon::Other(response) => return response,
     };

@@ -133,6 +133,7 @@ async fn connection(stream: UnixStream, seen: Arc<Seen>, stop: CancellationToken
                     ClientMessage::RecordJob { id, job } => Some(ServerMessage::Recorded { id, job: job.to_record(77, None, None) }),
                     ClientMessage::CacheStatus { id } => Some(ServerMessage::CacheStatus { id, cache: super::fake::cache_report() }),
                     ClientMessage::ChatFormat { id } => Some(ServerMessage::ChatFormat { id, format: Default::default() }),
+                    ClientMessage::JobEntries { id, .. } => Some(ServerMessage::JobEntries { id, jobs: Vec::new() }),
                 };
                 if let Some(reply) = reply {
                     if framed.send(reply).await.is_err() { return; }

@@ -14,9 +14,9 @@ use crate::openai::{
 };
 use crate::protocol::{
     CacheReport, ChatFormatReport, DoneEvent, ErrorKind, FinishReason, GenerateOption,
-    GenerateRequest, JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput, ReasoningEvent,
-    StatusReport, Timings, TokenEvent, TokenLogprobs, ToolCall, ToolCallDeltaEvent, ToolCallEvent,
-    ToolCallOpening, ToolChoice, ToolSpec, Usage,
+    GenerateRequest, JobEntry, JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput,
+    ReasoningEvent, StatusReport, Timings, TokenEvent, TokenLogprobs, ToolCall, ToolCallDeltaEvent,
+    ToolCallEvent, ToolCallOpening, ToolChoice, ToolSpec, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -485,7 +485,7 @@ impl Backend for SharedFake {
         })
     }
 
-    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {
+    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobEntry>, BackendError>> {
         Box::pin(async move {
             if self.0.behaviour() == Behaviour::Unavailable {
                 return Err(unavailable());
@@ -507,7 +507,11 @@ impl Backend for SharedFake {
                 finish_reason: FinishReason::Stop,
                 estimated: false,
             };
-            Ok((0..u64::from(limit.min(3))).rev().map(job).collect())
+            let entry = |n: u64| JobEntry {
+                record: job(n),
+                cached_tokens: Some(cached_tokens(3)),
+            };
+            Ok((0..u64::from(limit.min(3))).rev().map(entry).collect())
         })
     }
 }

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::client;
-use super::fake::{Behaviour, TestServer, MODEL};
+use super::fake::{cached_tokens, Behaviour, TestServer, MODEL};
 use crate::openai::RouterOptions;
 
 async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
@@ -197,6 +197,7 @@ async fn status_and_jobs_pass_the_daemon_json_through() {
     assert_eq!(jobs[0]["usage"]["completion_tokens"], 5);
     assert!(jobs[0]["timings"]["ttft_ms"].is_f64());
     assert_eq!(jobs[0]["finish_reason"], "Stop");
+    assert_eq!(jobs[0]["cached_tokens"], cached_tokens(3));
     let (status, body) = send(client().get(server.url("/v1/jobs?limit=lots"))).await;
     assert_eq!(status, 400);
     assert_eq!(body["error"]["param"], "limit");

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::{ASSETS, CONTENT_SECURITY_POLICY as CSP, INDEX};
 use crate::openai::{bind, router, serve, Backend, BackendError, EventStream, RouterOptions};
 use crate::protocol::{
-    GenerateOption, GenerateRequest, JobRecord, ModelInfo, OutputFormat, StatusReport,
+    GenerateOption, GenerateRequest, JobEntry, ModelInfo, OutputFormat, StatusReport,
 };
 
 /// No daemon at all: the page must be served without one.
@@ -34,7 +34,7 @@ impl Backend for NoDaemon {
     fn status(&self) -> BoxFuture<'_, Result<StatusReport, BackendError>> {
         gone()
     }
-    fn jobs(&self, _: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {
+    fn jobs(&self, _: u32) -> BoxFuture<'_, Result<Vec<JobEntry>, BackendError>> {
         gone()
     }
 }

@@ -9,8 +9,8 @@ use std::{
 
 use spark_client::protocol::{
     CacheReport, ChatFormatReport, DoneEvent, ErrorEvent, ErrorKind, FinishReason, GenerateOption,
-    JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput, ServerMessage, StatusReport,
-    Timings, TokenEvent, TokenPiece, Usage,
+    JobEntry, JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput, ServerMessage,
+    StatusReport, Timings, TokenEvent, TokenPiece, Usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -353,7 +353,7 @@ impl Engine for FakeEngine {
         }
     }
 
-    fn jobs(&self, limit: usize) -> Vec<JobRecord> {
+    fn jobs(&self, limit: usize) -> Vec<JobEntry> {
         let state = self.lock();
         state
             .finished
@@ -361,22 +361,25 @@ impl Engine for FakeEngine {
             .rev()
             .take(limit)
             .enumerate()
-            .map(|(n, &((_, id), reason, sent))| JobRecord {
-                job: n as u64,
-                request_id: id,
-                client_pid: None,
-                client_uid: None,
-                model: "fake".into(),
-                engine: "sparkd".into(),
-                started_unix_ms: 0,
-                finished_unix_ms: 0,
-                usage: Usage {
-                    prompt_tokens: PROMPT_TOKENS,
-                    completion_tokens: sent,
+            .map(|(n, &((_, id), reason, sent))| JobEntry {
+                record: JobRecord {
+                    job: n as u64,
+                    request_id: id,
+                    client_pid: None,
+                    client_uid: None,
+                    model: "fake".into(),
+                    engine: "sparkd".into(),
+                    started_unix_ms: 0,
+                    finished_unix_ms: 0,
+                    usage: Usage {
+                        prompt_tokens: PROMPT_TOKENS,
+                        completion_tokens: sent,
+                    },
+                    timings: Timings::default(),
+                    finish_reason: reason,
+                    estimated: false,
                 },
-                timings: Timings::default(),
-                finish_reason: reason,
-                estimated: false,
+                cached_tokens: Some(PROMPT_CACHED_TOKENS),
             })
             .collect()
     }

@@ -266,6 +266,18 @@ async fn queries_are_answered_with_their_ids() {
         }
         other => panic!("expected Jobs, got {other:?}"),
     }
+    raw.send(&ClientMessage::JobEntries { id: 16, limit: 10 })
+        .await;
+    match raw.recv().await {
+        Some(ServerMessage::JobEntries { id: 16, jobs }) => {
+            assert_eq!(jobs.len(), 1);
+            assert_eq!(
+                (jobs[0].record.request_id, jobs[0].cached_tokens),
+                (1, Some(PROMPT_CACHED_TOKENS))
+            );
+        }
+        other => panic!("expected JobEntries, got {other:?}"),
+    }
     raw.send(&ClientMessage::Jobs { id: 14, limit: 0 }).await;
     assert!(
         matches!(raw.recv().await, Some(ServerMessage::Jobs { id: 14, jobs }) if jobs.is_empty())

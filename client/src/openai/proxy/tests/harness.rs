@@ -21,8 +21,8 @@ use crate::openai::{
     bind, router, serve, Backend, BackendError, BackendEvent, EventStream, RouterOptions,
 };
 use crate::protocol::{
-    DoneEvent, ExternalJob, FinishReason, GenerateOption, GenerateRequest, JobRecord, ModelInfo,
-    OutputFormat, StatusReport, TokenEvent, Usage,
+    DoneEvent, ExternalJob, FinishReason, GenerateOption, GenerateRequest, JobEntry, JobRecord,
+    ModelInfo, OutputFormat, StatusReport, TokenEvent, Usage,
 };
 
 pub fn http() -> reqwest::Client {
@@ -274,7 +274,7 @@ impl Backend for SharedDaemon {
         Box::pin(async move { Err(FakeDaemon::unavailable()) })
     }
 
-    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobRecord>, BackendError>> {
+    fn jobs(&self, limit: u32) -> BoxFuture<'_, Result<Vec<JobEntry>, BackendError>> {
         Box::pin(async move {
             if self.0.is_down() {
                 return Err(FakeDaemon::unavailable());
@@ -285,7 +285,7 @@ impl Backend for SharedDaemon {
                 .enumerate()
                 .rev()
                 .take(limit as usize)
-                .map(|(n, job)| FakeDaemon::record(n, job))
+                .map(|(n, job)| FakeDaemon::record(n, job).into())
                 .collect())
         })
     }

@@ -29,6 +29,8 @@ function row(job) {
     time(job.finished_unix_ms),
     cell('tps', isNumber(timings.decode_tps) ? mark + timings.decode_tps.toFixed(1) : '—', true),
     cell('in', mark + integer(usage.prompt_tokens), true),
+    // null: not known (a forwarded job, a daemon older than protocol 1.10).
+    cell('cached', integer(job.cached_tokens), true),
     cell('out', mark + integer(usage.completion_tokens), true),
     cell('ttft', duration(timings.ttft_ms), true),
     finish(job.finish_reason),
