@@ -39,6 +39,11 @@ pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
 pub enum ModelsError {
     #[error("unknown model `{name}`: give a path to a .gguf file, or one of: {known}")]
     Unknown { name: String, known: String },
+    /// A path (it has a `/` or ends in `.gguf`) with no model file there.
+    #[error("no model file at {}: {what}", path.display())]
+    NoFile { path: PathBuf, what: &'static str },
+    #[error("`spark pull` fetches a known model by name, not a file (`{name}`); one of: {known}")]
+    PullPath { name: String, known: String },
     #[error("model `{name}` is not downloaded yet (looked for {path}); run `spark pull {name}`")]
     NotDownloaded { name: String, path: PathBuf },
     // The cause is `source()`, printed after the message by `{:#}`, not repeated in it.
@@ -143,11 +148,26 @@ pub fn resolve_model(name_or_path: &str) -> Result<PathBuf, ModelsError> {
             name: m.name.into(),
             path: dir.join(format!("{}.gguf", m.name)),
         }),
+        None if looks_like_path(name_or_path) => Err(ModelsError::NoFile {
+            path: as_path.to_path_buf(),
+            what: if as_path.is_dir() {
+                "it is a directory"
+            } else if as_path.exists() {
+                "it is not a regular file"
+            } else {
+                "no such file"
+            },
+        }),
         None => Err(ModelsError::Unknown {
             name: name_or_path.into(),
             known: known_names(),
         }),
     }
+}
+
+/// Whether a model argument was meant as a file rather than a name.
+fn looks_like_path(arg: &str) -> bool {
+    arg.contains('/') || arg.ends_with(".gguf")
 }
 
 /// Progress callbacks while pulling: a phase label, then bytes done of total.
@@ -169,9 +189,13 @@ impl PullProgress for QuietProgress {
 /// Fetches a known model into the models folder, verified; a no-op when the verified
 /// file is already there. Returns its path.
 pub fn pull(name: &str, progress: &mut dyn PullProgress) -> Result<PathBuf, ModelsError> {
-    let model = known_model(name).ok_or_else(|| ModelsError::Unknown {
-        name: name.into(),
-        known: known_names(),
+    let model = known_model(name).ok_or_else(|| {
+        let (name, known) = (name.to_string(), known_names());
+        if looks_like_path(&name) {
+            ModelsError::PullPath { name, known }
+        } else {
+            ModelsError::Unknown { name, known }
+        }
     })?;
     let dir = models_dir();
     let dest = dir.join(format!("{}.gguf", model.name));
@@ -321,6 +345,19 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+        // A path is said to be one, with what is wrong with it.
+        let missing = dir.join("absent.gguf");
+        for (arg, what) in [
+            (missing.to_str().unwrap(), "no such file"),
+            (dir.to_str().unwrap(), "it is a directory"),
+            ("typo.gguf", "no such file"),
+        ] {
+            let err = resolve_model(arg).unwrap_err();
+            assert!(matches!(err, ModelsError::NoFile { .. }), "{arg}: {err:?}");
+            assert_eq!(err.to_string(), format!("no model file at {arg}: {what}"));
+        }
+        let err = pull(file.to_str().unwrap(), &mut QuietProgress).unwrap_err();
+        assert!(matches!(err, ModelsError::PullPath { .. }), "{err:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

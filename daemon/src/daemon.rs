@@ -65,6 +65,28 @@ fn seconds_flag(flag: &str, secs: f64, zero_allowed: bool) -> anyhow::Result<Dur
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Smallest `--ctx`: one KV block, a short prompt and its answer.
+const MIN_CONTEXT: usize = crate::model::BLOCK_TOKENS;
+/// Smallest `--max-frame-bytes`: under it even a short request would not fit.
+const MIN_FRAME_BYTES: usize = 4096;
+
+/// Refuses limits under which the daemon would start and then refuse every request.
+fn check_limits(args: &ServeArgs) -> anyhow::Result<()> {
+    if let Some(ctx) = args.ctx {
+        anyhow::ensure!(
+            ctx >= MIN_CONTEXT,
+            "--ctx {ctx}: a context must hold at least {MIN_CONTEXT} tokens"
+        );
+    }
+    if let Some(bytes) = args.max_frame_bytes {
+        anyhow::ensure!(
+            bytes >= MIN_FRAME_BYTES,
+            "--max-frame-bytes {bytes}: at least {MIN_FRAME_BYTES} bytes, or no request fits"
+        );
+    }
+    Ok(())
+}
+
 /// The name clients use for the model: the known name, or the file's stem for a path.
 fn model_name(arg: &str, path: &Path) -> String {
     if Path::new(arg).is_file() {
@@ -80,6 +102,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Kept as given, so SIGHUP can merge the command line over the re-read config file.
     let cli_args = args.clone();
     let args = args.with_config_file()?;
+    check_limits(&args)?;
     // Before the socket and the model: `--device cuda` on a machine without a usable GPU
     // is refused at once, with the probe's reason; `auto` logs what it chose and why.
     let request = args.device.unwrap_or_default();
@@ -94,6 +117,24 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.shutdown_grace.unwrap_or(30.0),
         true,
     )?;
+    // Flags that read a file or parse text: checked before the socket is bound and the
+    // model loaded (a minute for a large one), so a typo fails at once.
+    let chat_template = args
+        .chat_template
+        .as_ref()
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .with_context(|| format!("--chat-template {}: cannot read it", p.display()))
+        })
+        .transpose()?;
+    let chat_template_vars = args
+        .chat_template_kwargs
+        .as_deref()
+        .map(|json| {
+            crate::text::TemplateVars::parse(json)
+                .map_err(|e| anyhow::anyhow!("{e} (in --chat-template-kwargs)"))
+        })
+        .transpose()?;
     let mut server_cfg = ServerConfig::new(socket_path.clone());
     server_cfg.max_frame_bytes = args.max_frame_bytes.unwrap_or(server_cfg.max_frame_bytes);
     // Who may connect besides root and the daemon's own user (always allowed): the
@@ -127,6 +168,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The socket first: a second daemon is refused before it loads anything, and clients
     // that connect while the model loads wait in the listen backlog instead of failing.
     let listener = rt.block_on(listen(&server_cfg, activated))?;
+    let _pid_file = PidFile(pid_file(&socket_path));
     notify::status(&format!("loading model {model_arg}"));
     let started = std::time::Instant::now();
     let path = model_path(&model_arg, !args.no_pull)?;
@@ -138,14 +180,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         DeviceChoice::Cuda { .. } => Model::load_mapped(&path),
         _ => Model::load(&path),
     };
-    let model = match loaded {
-        Ok(model) => model,
-        Err(e) => {
-            // The socket was bound (and its pid file written) before loading.
-            let _ = std::fs::remove_file(pid_file(&socket_path));
-            return Err(e.into());
-        }
-    };
+    let model = loaded?;
     let mut cfg = EngineConfig::new(name.clone());
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
@@ -165,18 +200,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.max_per_uid = args.max_per_uid;
     cfg.keep_jobs = args.keep_jobs.unwrap_or(cfg.keep_jobs);
     cfg.prefix_cache = args.prefix_cache.unwrap_or(cfg.prefix_cache);
-    if let Some(p) = &args.chat_template {
-        cfg.chat_template = Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("reading chat template {}", p.display()))?,
-        );
-    }
-    if let Some(json) = &args.chat_template_kwargs {
-        cfg.chat_template_vars = crate::text::TemplateVars::parse(json)
-            .map_err(|e| anyhow::anyhow!("{e} (in --chat-template-kwargs)"))?;
+    cfg.chat_template = chat_template;
+    if let Some(vars) = chat_template_vars {
         // Names only: the values may be text a user wrote.
-        let names: Vec<&str> = cfg.chat_template_vars.names().collect();
+        let names: Vec<&str> = vars.names().collect();
         tracing::info!(names = ?names, "chat template variables set for every chat");
+        cfg.chat_template_vars = vars;
     }
     let cuda = backend::cuda::CudaOptions {
         kv_tokens: cfg.kv_tokens,
@@ -205,8 +234,18 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     ));
     engine.shutdown(Duration::ZERO);
     engine.join();
-    let _ = std::fs::remove_file(pid_file(&socket_path));
     result
+}
+
+/// The pid file `listen` wrote beside the socket, removed when the daemon ends however
+/// it ends: a normal stop, a model that fails to load, or any error after the socket was
+/// bound. (A stale one would make `spark stop` look for a process that is gone.)
+struct PidFile(PathBuf);
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The engine on the device the probe chose. A GPU that passed the probe but cannot

@@ -354,7 +354,7 @@ async fn a_daemon_killed_mid_stream_gives_disconnected_and_a_restart_serves_agai
 }
 
 /// Runs `sparkd serve` on `model` until it exits (at most a minute); returns its exit
-/// status, its stderr and whether it left its socket file behind.
+/// status, its stderr and whether it left its socket file or its pid file behind.
 fn serve_once(model: &std::path::Path, extra: &[&str]) -> (std::process::ExitStatus, String, bool) {
     let dir = TempDir::new("bad");
     let socket = dir.path().join("s.sock");
@@ -364,7 +364,8 @@ fn serve_once(model: &std::path::Path, extra: &[&str]) -> (std::process::ExitSta
     args.extend(["--no-pull", "--threads", "1"].map(Into::into));
     args.extend(extra.iter().map(Into::into));
     let (status, stderr) = run_sparkd_to_exit(&args);
-    (status, stderr, socket.exists())
+    let pid_file = dir.path().join("s.sock.pid");
+    (status, stderr, socket.exists() || pid_file.exists())
 }
 
 #[test]
@@ -413,14 +414,24 @@ fn model_files_that_cannot_be_loaded_fail_at_start_with_a_clear_error() {
             .unwrap_or_else(|| panic!("{what}: no error line:\n{stderr}"));
         println!("{what}: {message}");
         assert!(message.len() > "sparkd: ".len() + 10, "{what}: {message}");
-        assert!(!socket_left, "{what}: the socket file was left behind");
+        assert!(
+            !socket_left,
+            "{what}: the socket or pid file was left behind"
+        );
     }
 }
 
 #[test]
-fn durations_out_of_range_are_refused_at_start_without_a_panic() {
-    // `--shutdown-grace inf` used to panic in `Duration::from_secs_f64`.
+fn flags_out_of_range_are_refused_at_start_without_a_panic_or_leftovers() {
+    // `--shutdown-grace inf` used to panic in `Duration::from_secs_f64`; `--ctx 0` and
+    // `--max-frame-bytes 0` used to start a daemon that refused every request; a bad
+    // chat template flag was found after the model had loaded, leaving the pid file.
     for flag in [
+        "--ctx=0",
+        "--ctx=15",
+        "--max-frame-bytes=0",
+        "--chat-template=/nonexistent/template.jinja",
+        "--chat-template-kwargs=nope",
         "--shutdown-grace=inf",
         "--shutdown-grace=1e300",
         "--shutdown-grace=-1",
@@ -429,8 +440,9 @@ fn durations_out_of_range_are_refused_at_start_without_a_panic() {
         "--stall-timeout=inf",
         "--stall-timeout=-5",
     ] {
-        let (status, stderr, _) = serve_once(&tiny_model(), &[flag]);
+        let (status, stderr, left) = serve_once(&tiny_model(), &[flag]);
         assert_eq!(status.code(), Some(1), "{flag}: {status}\n{stderr}");
+        assert!(!left, "{flag}: the socket or pid file was left behind");
         assert!(!stderr.contains("panicked"), "{flag}:\n{stderr}");
         let name = flag.split('=').next().unwrap_or(flag);
         assert!(

@@ -191,9 +191,19 @@ fn rejected(kind: ErrorKind, message: String) -> ApiError {
         ErrorKind::ShuttingDown => ApiError::from(BackendError::Unavailable(message)),
         ErrorKind::Engine => ApiError::from(BackendError::Engine(message)),
         ErrorKind::InvalidRequest => ApiError::invalid(None, message),
+        // The request as the daemon would read it is over its frame limit (which may be
+        // smaller than the shim's body limit): the caller's to make smaller.
+        ErrorKind::FrameTooLarge => ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: Some("payload_too_large"),
+            metric: "payload_too_large",
+            ..ApiError::invalid(
+                None,
+                format!("the request is too large for sparkd: {message}"),
+            )
+        },
         // Anything else is the shim's own fault (bad frame, duplicate id...), not the caller's.
         ErrorKind::BadFrame
-        | ErrorKind::FrameTooLarge
         | ErrorKind::Handshake
         | ErrorKind::VersionMismatch
         | ErrorKind::DuplicateId
@@ -208,6 +218,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let headers = [(header::CONTENT_TYPE, "application/json")];
         let mut response = (self.status, headers, self.body_json()).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            // The queue frees as generations end, within seconds: OpenAI's SDKs wait for
+            // what this says before they retry, instead of their own backoff.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
         response.extensions_mut().insert(ErrorMetric(self.metric));
         response
     }
@@ -237,6 +254,13 @@ mod tests {
                     message: "x".into(),
                 },
                 400,
+            ),
+            (
+                BackendError::Rejected {
+                    kind: ErrorKind::FrameTooLarge,
+                    message: "x".into(),
+                },
+                413,
             ),
             (
                 BackendError::Rejected {

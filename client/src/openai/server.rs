@@ -48,7 +48,8 @@ impl Default for RouterOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen on {addr}: {source}")]
+    // The cause is the error's source, which the caller prints after this.
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,

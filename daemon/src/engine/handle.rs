@@ -580,7 +580,7 @@ impl Engine for EngineHandle {
             return Err(invalid(
                 id,
                 ErrorKind::Busy,
-                format!("sparkd is busy: {limit} requests running or queued"),
+                format!("{limit} requests running or queued, the most it takes"),
             ));
         }
         if let Some(uid) = uid {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use spark_client::openai::{serve_openai, ServeOpenAiArgs};
 use tokio_util::sync::CancellationToken;
 
-use crate::{exit, Global};
+use crate::{exit, output, Global};
 
 /// The shim's flags (kept out of `Debug`: one of them is a secret).
 #[derive(clap::Args)]
@@ -55,5 +55,9 @@ fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal: not in a log file or the journal.
+        .with_ansi(
+            output::stderr_is_tty() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .try_init();
 }

@@ -343,6 +343,21 @@ async fn generations_reach_the_daemon_through_the_real_client() {
             r#"{"enable_thinking":false}"#.into()
         )]]
     );
+    // A prompt within the shim's body limit (4 MiB) but over the daemon's frame limit
+    // (1 MiB here) is the caller's to shorten: 413, and the connection stays up.
+    let (status, text) = post_chat(&base, &chat(&"hello ".repeat(300_000), false)).await;
+    assert_eq!(status, 413, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["code"], "payload_too_large", "{text}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("accepts at most 1048576"),
+        "{text}"
+    );
+    let (status, text) = post_chat(&base, &chat("hi", false)).await;
+    assert_eq!(status, 200, "{text}");
     // One shared connection for everything.
     assert_eq!(daemon.seen.connections.load(Ordering::SeqCst), 1);
     daemon.stop().await;

@@ -69,8 +69,14 @@ async fn daemon_errors_map_to_statuses() {
     for stream in [false, true] {
         let mut request = chat("x");
         request["stream"] = json!(stream);
-        let (status, body) = send(client().post(&url).json(&request)).await;
-        assert_eq!(status, 429, "stream={stream}");
+        let response = client().post(&url).json(&request).send().await.unwrap();
+        assert_eq!(response.status(), 429, "stream={stream}");
+        assert_eq!(
+            response.headers().get("retry-after").map(|v| v.as_bytes()),
+            Some(&b"1"[..]),
+            "stream={stream}"
+        );
+        let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], "rate_limit_exceeded");
     }
 
