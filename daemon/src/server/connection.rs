@@ -386,11 +386,7 @@ impl Connection {
             self.reply(request_error(id, ErrorKind::DuplicateId, message));
             return;
         }
-        // A JSON Schema or tool list is compiled to automata while submitting, which for a
-        // large pattern takes a good fraction of a second: not on a worker other
-        // connections' streams wait for.
-        let compiles = matches!(format, OutputFormat::JsonSchema { .. })
-            || matches!(request.input, PromptInput::ChatWithTools { .. });
+        let heavy = heavy_to_prepare(&request.input, &format);
         // A client that could not decode `ToolCallDelta` gets each call whole (and a call
         // cut short as text), whatever it asked for.
         let mut options = options;
@@ -410,7 +406,7 @@ impl Connection {
             arrived,
             events: self.events_tx.clone(),
         };
-        let submitted = if compiles {
+        let submitted = if heavy {
             off_the_runtime(|| self.engine.submit(submission))
         } else {
             self.engine.submit(submission)
@@ -555,9 +551,76 @@ fn printable(name: &str) -> String {
 
 /// Runs `f`, CPU-bound work, telling a multi-threaded runtime to move its other tasks to
 /// other workers meanwhile; elsewhere (a current-thread runtime in tests) just runs it.
+/// Prompts up to this many bytes of text are rendered and tokenized on the async worker:
+/// well under a millisecond, less than handing the worker over would cost.
+const INLINE_PROMPT_BYTES: usize = 16 * 1024;
+/// Chats with more messages than this go off the worker whatever their size: the
+/// template's loop over them costs per message.
+const INLINE_CHAT_MESSAGES: usize = 64;
+
+/// Whether submitting a request takes long enough (milliseconds to a second) that it
+/// must not hold one of the two async workers, which every other connection's stream
+/// needs: a JSON Schema or a tool list, compiled to automata, or a prompt to render and
+/// tokenize that is long or has many messages.
+fn heavy_to_prepare(input: &PromptInput, format: &OutputFormat) -> bool {
+    let (bytes, messages) = match input {
+        PromptInput::Raw { text, .. } => (text.len(), 1),
+        PromptInput::Chat { messages } => (
+            messages
+                .iter()
+                .map(|m| m.role.len() + m.content.len())
+                .sum(),
+            messages.len(),
+        ),
+        PromptInput::ChatWithTools { .. } => return true,
+    };
+    matches!(format, OutputFormat::JsonSchema { .. })
+        || bytes > INLINE_PROMPT_BYTES
+        || messages > INLINE_CHAT_MESSAGES
+}
+
 fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spark_client::protocol::{ChatMessage, OutputFormat, PromptInput};
+
+    use super::{heavy_to_prepare, INLINE_CHAT_MESSAGES, INLINE_PROMPT_BYTES};
+
+    fn raw(bytes: usize) -> PromptInput {
+        PromptInput::Raw {
+            text: "a".repeat(bytes),
+            special: false,
+        }
+    }
+
+    fn chat(messages: usize, each: usize) -> PromptInput {
+        PromptInput::Chat {
+            messages: (0..messages)
+                .map(|_| ChatMessage::new("user", "a".repeat(each)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn long_prompts_many_messages_and_automata_are_prepared_off_the_workers() {
+        let text = OutputFormat::Text;
+        assert!(!heavy_to_prepare(&raw(100), &text));
+        assert!(!heavy_to_prepare(&raw(INLINE_PROMPT_BYTES), &text));
+        assert!(heavy_to_prepare(&raw(INLINE_PROMPT_BYTES + 1), &text));
+        assert!(!heavy_to_prepare(&chat(4, 100), &text));
+        assert!(heavy_to_prepare(&chat(2, INLINE_PROMPT_BYTES), &text));
+        // Tiny messages, but the template loops over each.
+        assert!(heavy_to_prepare(&chat(INLINE_CHAT_MESSAGES + 1, 1), &text));
+        let schema = OutputFormat::JsonSchema {
+            schema: "{}".into(),
+        };
+        assert!(heavy_to_prepare(&raw(1), &schema));
+        assert!(!heavy_to_prepare(&raw(1), &OutputFormat::JsonObject));
     }
 }
