@@ -25,8 +25,8 @@ use crate::text::tools::prompt::TemplateTools;
 use crate::text::tools::watch::CallWatcher;
 use crate::text::tools::{CallMode, CallSyntax, ToolSet};
 use crate::text::{
-    sampler, ChatTemplate, Sampler, StopMatcher, StreamDecoder, TemplateVars, TextError, Tokenizer,
-    TokenizerSpec,
+    sampler, ChatTemplate, PlainMarks, Sampler, StopMatcher, StreamDecoder, TemplateVars,
+    TextError, Tokenizer, TokenizerSpec,
 };
 
 use super::api::{ClientInfo, ConnId, Engine, Submission};
@@ -337,10 +337,12 @@ impl EngineHandle {
                 if messages.is_empty() {
                     return Err(no_messages());
                 }
+                let marks = PlainMarks::new();
+                let messages = marks.guard_chat(messages, &self.tokenizer);
                 let text = template()?
-                    .render_prompt(messages, &vars, &self.tokenizer)
+                    .render_prompt(&messages, &vars, &self.tokenizer)
                     .map_err(template_error)?;
-                Ok(self.chat_prompt(&text))
+                Ok(self.chat_prompt(&text, &marks))
             }
             PromptInput::ChatWithTools {
                 messages,
@@ -350,8 +352,10 @@ impl EngineHandle {
                 if messages.is_empty() {
                     return Err(no_messages());
                 }
+                let marks = PlainMarks::new();
+                let messages = marks.guard_tool_chat(messages, &self.tokenizer);
                 let mut text = template()?
-                    .render_tool_prompt(messages, specs, tools.is_some(), &vars, &self.tokenizer)
+                    .render_tool_prompt(&messages, specs, tools.is_some(), &vars, &self.tokenizer)
                     .map_err(template_error)?;
                 // The Llama syntax has no tag: the answer is the call.
                 if let Some(prefix) = tools
@@ -360,7 +364,7 @@ impl EngineHandle {
                 {
                     text.push_str(&prefix);
                 }
-                Ok(self.chat_prompt(&text))
+                Ok(self.chat_prompt(&text, &marks))
             }
             PromptInput::Raw { .. } if !request_vars.is_empty() => Err(invalid(
                 id,
@@ -375,11 +379,14 @@ impl EngineHandle {
         }
     }
 
-    fn chat_prompt(&self, text: &str) -> Prompt {
+    /// A rendered chat's tokens: the template's control-token text parsed, the
+    /// messages' left as text (see `PlainMarks`).
+    fn chat_prompt(&self, rendered: &str, marks: &PlainMarks) -> Prompt {
+        let (text, plain) = marks.take(rendered);
         Prompt {
-            tokens: self.tokenizer.encode(text, true, true),
+            tokens: self.tokenizer.encode_with_plain(&text, true, &plain),
             chat: true,
-            opens_thinking: prompt_opens_thinking(text, self.think),
+            opens_thinking: prompt_opens_thinking(&text, self.think),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod constraint;
 mod error;
 mod fxhash;
 pub mod json;
+mod plain_marks;
 mod pretokenize;
 pub mod reasoning;
 pub mod sampler;
@@ -24,6 +25,7 @@ mod unicode;
 mod unicode_data;
 
 pub use error::TextError;
+pub use plain_marks::PlainMarks;
 pub use pretokenize::PreTokenizer;
 pub use sampler::Sampler;
 pub use spec::TokenizerSpec;

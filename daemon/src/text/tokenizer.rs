@@ -257,21 +257,104 @@ impl Tokenizer {
     /// `parse_special` turns special-token text such as `<|im_start|>` into that token
     /// (user-defined tokens are always matched, as in llama.cpp).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        let frags = self.fragments(text, 0..text.len(), parse_special);
+        self.encode_fragments(text, &frags, add_special)
+    }
+
+    /// Token ids for a rendered chat prompt: control-token text is parsed into those
+    /// tokens (the template's `<|im_start|>`...) except inside the `plain` byte ranges
+    /// (text from the messages, sorted, not overlapping), where it stays text, as in
+    /// `encode(.., false)`. Text on either side of a range's edge is tokenized as one.
+    pub fn encode_with_plain(
+        &self,
+        text: &str,
+        add_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
+        let mut frags = Vec::new();
+        let mut at = 0;
+        for range in plain {
+            let (start, end) = (range.start.clamp(at, text.len()), range.end.min(text.len()));
+            if start >= end {
+                continue;
+            }
+            frags.extend(self.fragments(text, at..start, true));
+            frags.extend(self.fragments(text, start..end, false));
+            at = end;
+        }
+        frags.extend(self.fragments(text, at..text.len(), true));
+        // Neighbouring text pieces become one, so a range's edge changes no merge.
+        let mut merged: Vec<Fragment> = Vec::with_capacity(frags.len());
+        for frag in frags {
+            match (merged.last_mut(), frag) {
+                (Some(Fragment::Text(last)), Fragment::Text(next)) if last.end == next.start => {
+                    last.end = next.end;
+                }
+                (_, frag) => merged.push(frag),
+            }
+        }
+        self.encode_fragments(text, &merged, add_special)
+    }
+
+    /// Byte ranges of `text` that `encode(text, _, true)` reads as control tokens and
+    /// `encode(text, _, false)` leaves as text.
+    pub fn control_text_ranges(&self, text: &str) -> Vec<std::ops::Range<usize>> {
+        let controls = self
+            .specials
+            .iter()
+            .copied()
+            .filter(|&id| self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0);
+        let frags = special::partition(
+            text,
+            controls.map(|id| (id, self.texts[id as usize].as_str())),
+        );
+        let mut ranges = Vec::new();
+        let mut at = 0;
+        for frag in frags {
+            match frag {
+                Fragment::Text(range) => at = range.end,
+                Fragment::Token(id) => {
+                    let end = at + self.texts[id as usize].len();
+                    ranges.push(at..end);
+                    at = end;
+                }
+            }
+        }
+        ranges
+    }
+
+    /// `text[range]` split around special-token text, in ranges of `text`.
+    fn fragments(
+        &self,
+        text: &str,
+        range: std::ops::Range<usize>,
+        parse_special: bool,
+    ) -> Vec<Fragment> {
         let specials = self.specials.iter().copied().filter(|&id| {
             parse_special || self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) == 0
         });
-        let frags = special::partition(
-            text,
+        let offset = range.start;
+        let mut frags = special::partition(
+            &text[range],
             specials.map(|id| (id, self.texts[id as usize].as_str())),
         );
+        for frag in &mut frags {
+            if let Fragment::Text(r) = frag {
+                *r = r.start + offset..r.end + offset;
+            }
+        }
+        frags
+    }
 
+    /// Ids for `text` split into `frags`.
+    fn encode_fragments(&self, text: &str, frags: &[Fragment], add_special: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
         match &self.model {
             Model::Bpe { pre, bpe } => {
-                for frag in &frags {
+                for frag in frags {
                     match frag {
                         Fragment::Token(id) => out.push(*id),
                         Fragment::Text(range) => {
@@ -282,7 +365,7 @@ impl Tokenizer {
             }
             Model::Spm { scores } => {
                 let mut prev_special = true;
-                for frag in &frags {
+                for frag in frags {
                     match frag {
                         Fragment::Token(id) => {
                             out.push(*id);
