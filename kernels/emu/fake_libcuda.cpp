@@ -74,6 +74,7 @@ enum : CUresult {
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
@@ -208,6 +209,9 @@ struct Driver {
     int devices = 1;
     int cc_major = 9, cc_minor = 0;
     bool no_pdl = false;
+    // SPARKD_FAKE_CUDA_NO_PINNED: cuMemHostAlloc refuses, as in a sandbox or under a
+    // locked-memory limit.
+    bool no_pinned = false;
     size_t total = 4096ull << 20;
     size_t used = 0;
     std::map<uintptr_t, size_t> allocs;
@@ -419,6 +423,7 @@ FAKE_API CUresult cuGetErrorName(CUresult e, const char** out) {
         {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS"},
         {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"},
         {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED"},
+        {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED"},
         {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED"},
         {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
         {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
@@ -443,6 +448,7 @@ FAKE_API CUresult cuInit(unsigned flags) {
     if (const char* v = std::getenv("SPARKD_FAKE_CUDA_CC")) std::sscanf(v, "%d.%d", &d.cc_major, &d.cc_minor);
     if (const char* v = std::getenv("SPARKD_FAKE_CUDA_MEMORY_MIB")) d.total = std::strtoull(v, nullptr, 10) << 20;
     if (const char* v = std::getenv("SPARKD_FAKE_CUDA_NO_PDL")) d.no_pdl = std::atoi(v) != 0;
+    if (const char* v = std::getenv("SPARKD_FAKE_CUDA_NO_PINNED")) d.no_pinned = std::atoi(v) != 0;
     if (d.devices == 0) return CUDA_ERROR_NO_DEVICE;
     d.inited = true;
     return CUDA_SUCCESS;
@@ -587,6 +593,7 @@ FAKE_API CUresult cuMemHostAlloc(void** out, size_t bytes, unsigned flags) {
     if (refused_in_capture("cuMemHostAlloc")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     // PORTABLE, DEVICEMAP and WRITECOMBINED are the flags there are.
     if (out == nullptr || bytes == 0 || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (drv().no_pinned) return CUDA_ERROR_NOT_PERMITTED;
     void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
     if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     std::memset(p, 0xA5, bytes);  // not zeroed

@@ -387,14 +387,15 @@ impl<G: Gpu> CudaBackend<G> {
         meta: &Meta,
         bufs: &StepBufs,
     ) -> Result<(), GpuError> {
-        let graph = match self.graphs.get(&mut self.gpu, key, &bufs.all()) {
+        let scratch = bufs.all();
+        let graph = match self.graphs.get(&mut self.gpu, key, &scratch) {
             Some(g) => g,
             None => {
                 self.gpu.capture_begin()?;
                 let recorded = self.encode(shape, meta, bufs);
                 match (recorded, self.gpu.capture_end()) {
                     (Ok(()), Ok(g)) => {
-                        self.graphs.insert(&mut self.gpu, key, g);
+                        self.graphs.insert(&mut self.gpu, key, g, &scratch);
                         tracing::debug!(?key, graphs = self.graphs.len(), "decode step captured");
                         g
                     }

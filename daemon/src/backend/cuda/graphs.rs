@@ -5,8 +5,11 @@
 //! GPU.
 //!
 //! A graph holds raw device addresses, so it lives only as long as the buffers it was
-//! recorded against: when any step scratch buffer is reallocated (a larger prefill
-//! grew it), every graph is dropped and shapes are captured again.
+//! recorded against: each graph remembers them, and one whose buffers were reallocated
+//! since (a larger prefill grew them) is dropped and its shape captured again. Graphs
+//! whose buffers still stand are kept, so a batch that goes back and forth between
+//! shapes that use different buffers (two sequences on the mat-vec, three on the
+//! tensor-core mat-mul with its f16 scratch) replays both instead of recapturing.
 
 use std::collections::HashMap;
 
@@ -26,11 +29,15 @@ pub struct GraphKey {
     pub max_blocks: usize,
 }
 
+struct Captured {
+    graph: GraphId,
+    /// Ids of the scratch buffers it was recorded against (ids are never reused).
+    scratch: Vec<u32>,
+}
+
 #[derive(Default)]
 pub(super) struct Graphs {
-    by_key: HashMap<GraphKey, GraphId>,
-    /// Ids of the scratch buffers the graphs were recorded against.
-    scratch: Vec<u32>,
+    by_key: HashMap<GraphKey, Captured>,
     /// Set after a capture failed: this driver or device cannot capture our steps, so
     /// they run launch by launch from then on.
     pub broken: bool,
@@ -39,29 +46,41 @@ pub(super) struct Graphs {
 }
 
 impl Graphs {
-    /// The graph for `key`, if captured against the scratch buffers `scratch`; graphs
-    /// recorded against other buffers are dropped first.
+    /// The graph for `key`, if it was captured against the scratch buffers `scratch`
+    /// (the step's, as they are now). One recorded against buffers since reallocated is
+    /// dropped: its addresses are gone.
     pub fn get(&mut self, gpu: &mut dyn Gpu, key: GraphKey, scratch: &[Buf]) -> Option<GraphId> {
-        if self.scratch.len() != scratch.len()
-            || self.scratch.iter().zip(scratch).any(|(&id, b)| id != b.id)
-        {
-            self.clear(gpu);
-            self.scratch = scratch.iter().map(|b| b.id).collect();
+        let captured = self.by_key.get(&key)?;
+        let same = captured.scratch.len() == scratch.len()
+            && captured
+                .scratch
+                .iter()
+                .zip(scratch)
+                .all(|(&id, b)| id == b.id);
+        if same {
+            return Some(captured.graph);
         }
-        self.by_key.get(&key).copied()
+        if let Some(stale) = self.by_key.remove(&key) {
+            gpu.graph_free(stale.graph);
+        }
+        None
     }
 
-    pub fn insert(&mut self, gpu: &mut dyn Gpu, key: GraphKey, graph: GraphId) {
+    /// Keeps `graph`, captured for `key` against `scratch`.
+    pub fn insert(&mut self, gpu: &mut dyn Gpu, key: GraphKey, graph: GraphId, scratch: &[Buf]) {
         if self.by_key.len() >= MAX_GRAPHS {
             self.clear(gpu);
         }
-        self.by_key.insert(key, graph);
+        let scratch = scratch.iter().map(|b| b.id).collect();
+        if let Some(old) = self.by_key.insert(key, Captured { graph, scratch }) {
+            gpu.graph_free(old.graph);
+        }
         self.captured += 1;
     }
 
     pub fn clear(&mut self, gpu: &mut dyn Gpu) {
-        for (_, g) in self.by_key.drain() {
-            gpu.graph_free(g);
+        for (_, c) in self.by_key.drain() {
+            gpu.graph_free(c.graph);
         }
     }
 

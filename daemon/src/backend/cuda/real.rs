@@ -335,16 +335,20 @@ impl Gpu for CudaGpu {
             .checked_mul(4)
             .ok_or_else(|| GpuError::Bounds(format!("{floats} floats of {what}")))?;
         // SAFETY: context bound; the memory is zeroed below before anything reads it.
-        let raw = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| {
-            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                GpuError::OutOfMemory {
+        let raw = match unsafe { result::malloc_host(bytes, 0) } {
+            Ok(raw) => raw,
+            Err(e) => {
+                // Page-locked memory only makes the copy faster: where the driver will not
+                // pin (a sandbox, a locked-memory limit, pinned memory used up), the rows
+                // go to ordinary memory, which the copies read as well, a little slower.
+                tracing::warn!(
                     bytes,
-                    what: what.to_string(),
-                }
-            } else {
-                driver("cuMemHostAlloc")(e)
+                    error = ?e.0,
+                    "cannot page-lock the host logit rows; using ordinary memory"
+                );
+                return Ok(HostRows::heap(floats));
             }
-        })?;
+        };
         let ptr = NonNull::new(raw.cast::<f32>())
             .ok_or_else(|| GpuError::Bounds("cuMemHostAlloc returned null".into()))?;
         // SAFETY: `bytes` writable bytes just allocated (page-aligned), ours alone.

@@ -408,6 +408,50 @@ fn emulated_cuda_graphs_replay_decode_exactly_as_launch_by_launch() {
     assert_eq!(graphed.kv_used_blocks(), 0);
 }
 
+/// A batch that goes back and forth between shapes on different scratch buffers (two
+/// sequences on the mat-vec; three, padded to a graph of four, on the tensor-core
+/// mat-mul with its f16 scratch) keeps both shapes' graphs: coming back to a shape
+/// replays its capture instead of recording it again.
+#[test]
+fn emulated_graphs_of_shapes_on_different_buffers_outlive_each_other() {
+    let Some(emu) = emulator() else {
+        return;
+    };
+    let s = one_layer(spec(Arch::Llama, GgmlType::Q4_0));
+    let (m, dev_model) = model(&s);
+    let mut gpu = CudaBackend::new(&dev_model, emu, opts(8)).expect("upload");
+    let mut cpu = CpuBackend::reference(m, 1024, 1);
+    let vocab = s.vocab_size;
+    let three = || ParityPlan {
+        prompts: vec![
+            prompt(9, 1, vocab),
+            prompt(8, 2, vocab),
+            prompt(10, 3, vocab),
+        ],
+        chunk: 16,
+        steps: 3,
+    };
+    let two = ParityPlan {
+        prompts: vec![prompt(9, 4, vocab), prompt(8, 5, vocab)],
+        chunk: 16,
+        steps: 3,
+    };
+    let run = |gpu: &mut CudaBackend<EmuGpu>, cpu: &mut CpuBackend, plan: &ParityPlan| {
+        let report = compare(cpu, gpu, plan, |_, _, _, _, _| {}).expect("run");
+        assert!(report.max_rel_err < error_bar(&opts(8)), "{report:?}");
+        gpu.graph_counts()
+    };
+    let (captured_three, _) = run(&mut gpu, &mut cpu, &three());
+    let (captured_two, _) = run(&mut gpu, &mut cpu, &two);
+    assert!(
+        captured_two > captured_three,
+        "two sequences: a shape of its own"
+    );
+    let (captured, replayed) = run(&mut gpu, &mut cpu, &three());
+    assert_eq!(captured, captured_two, "the three-sequence graph was kept");
+    assert!(replayed > 0);
+}
+
 /// How a test step asks for a logit row.
 #[derive(Clone, Copy, PartialEq)]
 enum Row {
