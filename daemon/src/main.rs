@@ -28,7 +28,7 @@ fn main() -> ExitCode {
                     eprintln!("sparkd: {e:#}");
                     ExitCode::from(2)
                 }
-            }
+            };
         }
     };
     match result {

@@ -283,16 +283,23 @@ fn chat_sends_the_history_and_leaves_out_its_oldest_exchange_when_it_outgrows_th
     );
     assert!(sizes.iter().all(|&n| n + 8 <= 150), "{sizes:?}");
 
-    // One question too long for the context on its own: said, and the chat goes on.
+    // One question too long for the context on its own: said, and the chat goes on; a
+    // script learns from the exit status that a question went unanswered.
     let long = "word ".repeat(200);
     let out = chat(&d.socket, &["--max-tokens", "8"], &[long.trim(), "hi"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("/clear"), "{stderr}");
+    assert!(stderr.contains("hint: a shorter question"), "{stderr}");
     assert_eq!(
         stderr.lines().filter(|l| l.contains(" tok/s · ")).count(),
         1
     );
+
+    // Room kept for the answer that the context cannot hold: the hint names the flag.
+    let out = chat(&d.socket, &["--max-tokens", "150"], &["hi"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("a lower --max-tokens (150 tokens"), "{stderr}");
 }
 
 #[test]

@@ -42,6 +42,8 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
     let interactive = io::stdin().is_terminal();
     let mut lines = stdin_lines();
     let mut turns: Vec<ToolChatMessage> = Vec::new();
+    // A question refused on the way (a script's): the exit status says so at the end.
+    let mut refused = false;
     if interactive {
         output::dim_line(
             "Ctrl-C stops an answer; /clear forgets the conversation; Ctrl-D or /exit leaves.",
@@ -101,9 +103,16 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
             // message stays), as long as there is one before this question.
             if turns.len() > 2 && error_kind(&answer) == Some(ErrorKind::ContextOverflow) {
                 turns.drain(..2);
-                output::dim_line(
-                    "(the conversation outgrew the context: its oldest exchange is left out)",
-                );
+                output::dim_line(&match args.request.max_tokens {
+                    // The room kept for the answer may be what does not fit.
+                    Some(n) => format!(
+                        "(the conversation, with room for --max-tokens {n}, outgrew the \
+                         context: its oldest exchange is left out)"
+                    ),
+                    None => "(the conversation outgrew the context: its oldest exchange is \
+                             left out)"
+                        .to_string(),
+                });
                 continue;
             }
             break answer;
@@ -124,16 +133,29 @@ pub async fn run(global: &Global, args: Args) -> anyhow::Result<ExitCode> {
                 // Refused (busy, too long...): say so and let the user go on.
                 Some(client_err) if !client_err.is_unavailable() => {
                     turns.pop();
+                    refused = true;
                     output::error_line(&format!("spark: {client_err}"));
                     if client_err.kind() == Some(ErrorKind::ContextOverflow) {
-                        output::error_line("hint: /clear starts the conversation over");
+                        // Nothing older is left to drop: the question itself, or the room
+                        // kept for the answer, is too long.
+                        output::error_line(&match args.request.max_tokens {
+                            Some(n) => format!(
+                                "hint: a shorter question, or a lower --max-tokens ({n} \
+                                 tokens are kept for the answer)"
+                            ),
+                            None => "hint: a shorter question".to_string(),
+                        });
                     }
                 }
                 _ => return Err(err),
             },
         }
     }
-    Ok(exit::code(exit::OK))
+    Ok(exit::code(if refused && !interactive {
+        exit::REQUEST_FAILED
+    } else {
+        exit::OK
+    }))
 }
 
 /// An answer as the history keeps it: its text and the calls it made. No one answers
