@@ -299,7 +299,10 @@ fn chat_sends_the_history_and_leaves_out_its_oldest_exchange_when_it_outgrows_th
     let out = chat(&d.socket, &["--max-tokens", "150"], &["hi"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("a lower --max-tokens (150 tokens"), "{stderr}");
+    assert!(
+        stderr.contains("a lower --max-tokens (150 tokens"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -18,8 +18,8 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 use super::response::{
     chat_finish_reason, finish_reason, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion,
-    ChatLogprobs, ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta, TextChoice,
-    TextCompletion, ToolCallDelta, Usage,
+    ChatLogprobs, ChatTokenLogprob, ChunkChoice, ChunkUsage, CompletionLogprobs, Delta,
+    FunctionCallOut, TextChoice, TextCompletion, ToolCallDelta, ToolCallOut, Usage,
 };
 use crate::protocol::{
     DoneEvent, PrefillEvent, ReasoningEvent, TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
@@ -110,7 +110,9 @@ pub async fn collect(
     let mut text = String::new();
     let mut reasoning = String::new();
     let mut reasoning_tokens = 0u32;
-    let mut calls = Vec::new();
+    // By index: each call whole once complete, or as far as its pieces went.
+    let mut calls: std::collections::BTreeMap<u32, ToolCallOut> = Default::default();
+    let mut complete = std::collections::BTreeSet::new();
     let mut chat_logprobs = ChatLogprobs::default();
     let mut completion_logprobs = CompletionLogprobs::default();
     let mut prefill = None;
@@ -131,8 +133,26 @@ pub async fn collect(
                 text.push_str(&token.text);
             }
             // Only chat requests offer tools.
-            Some(Ok(BackendEvent::ToolCall(call))) => calls.push(call.into()),
-            // Only streamed requests ask for their calls in pieces.
+            Some(Ok(BackendEvent::ToolCall(call))) => {
+                complete.insert(call.index);
+                calls.insert(call.index, call.into());
+            }
+            // The pieces of a call being written: what stands of it if it is cut short.
+            Some(Ok(BackendEvent::ToolCallDelta(delta))) if !complete.contains(&delta.index) => {
+                let call = calls.entry(delta.index).or_insert_with(|| ToolCallOut {
+                    id: String::new(),
+                    kind: "function",
+                    function: FunctionCallOut {
+                        name: String::new(),
+                        arguments: String::new(),
+                    },
+                });
+                if let Some(opening) = delta.opening {
+                    call.id = opening.id;
+                    call.function.name = opening.name;
+                }
+                call.function.arguments.push_str(&delta.arguments);
+            }
             Some(Ok(BackendEvent::ToolCallDelta(_))) => {}
             // Only chat requests are split (a completion's text is all one).
             Some(Ok(BackendEvent::Reasoning(event))) => {
@@ -145,6 +165,7 @@ pub async fn collect(
         }
     };
     metrics.record_done(&done, prefill.as_ref());
+    let calls: Vec<ToolCallOut> = calls.into_values().collect();
     let reason =
         chat_finish_reason(done.finish_reason, !calls.is_empty()).ok_or_else(engine_failed)?;
     let usage = Usage::from_done(&done, prefill.as_ref()).with_reasoning_tokens(reasoning_tokens);

@@ -529,9 +529,11 @@ fn build(
     let sampling = sampling(&common)?;
     let model = common.model.filter(|m| !m.is_empty());
     let stream = common.stream.unwrap_or(false);
-    if stream && matches!(input, PromptInput::ChatWithTools { .. }) {
+    if matches!(input, PromptInput::ChatWithTools { .. }) {
         // A streamed answer gives its calls' arguments as they are written, as OpenAI
-        // does, rather than each call whole once it is complete.
+        // does, rather than each call whole once it is complete; a whole answer gathers
+        // the pieces, so that a call cut short by max_tokens is still a call (with the
+        // arguments written so far), as in the stream, not text.
         options.push(GenerateOption::StreamToolCalls);
     }
     // Like OpenAI, usage chunks exist only in streams.

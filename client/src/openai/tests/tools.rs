@@ -295,7 +295,7 @@ async fn a_streamed_call_cut_short_ends_in_its_pieces_with_length() {
 }
 
 #[tokio::test]
-async fn only_streamed_answers_ask_for_calls_in_pieces() {
+async fn whole_answers_gather_the_pieces_and_keep_a_call_cut_short_as_a_call() {
     let server = TestServer::start(Behaviour::Reply, RouterOptions::default()).await;
     let v = answer(
         &server,
@@ -303,15 +303,26 @@ async fn only_streamed_answers_ask_for_calls_in_pieces() {
     )
     .await;
     let id = server.fake.last_request().id;
+    // The pieces came, then the whole call: the call once.
     assert_eq!(
         v["choices"][0]["message"]["tool_calls"],
         json!([expected_call(id, 0, "get_weather")])
     );
     let options = server.fake.options.lock().unwrap().last().cloned().unwrap();
-    assert!(options.is_empty(), "{options:?}");
-    // A streamed answer without tools has no calls to stream.
-    let mut plain = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
-    plain["stream"] = json!(true);
+    assert_eq!(options, [GenerateOption::StreamToolCalls]);
+
+    // Cut short by max_tokens: a call with the arguments written so far, and `length`,
+    // as the stream says it (not the call's JSON as text).
+    let v = answer(&server, body(&["get_weather"], json!({"max_tokens": 2}))).await;
+    let id = server.fake.last_request().id;
+    let mut cut = expected_call(id, 0, "get_weather");
+    cut["function"]["arguments"] = json!(CALL_ARGUMENT_PIECES[0]);
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["tool_calls"], json!([cut]));
+    assert_eq!(choice["finish_reason"], "length");
+
+    // An answer without tools has no calls to ask for.
+    let plain = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
     let (status, _) = post(&server, plain).await;
     assert_eq!(status, 200);
     let options = server.fake.options.lock().unwrap().last().cloned().unwrap();
