@@ -86,7 +86,7 @@ pids+=($!)
 port="$(node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')"
 api_key="browser-test-$RANDOM$RANDOM"
 base="http://127.0.0.1:$port"
-env -u SPARKD_API_KEY "$bin/spark" serve-openai --listen "127.0.0.1:$port" --socket "$tmp/s.sock" \
+env -u SPARKD_API_KEY "$bin/spark" --no-start serve-openai --listen "127.0.0.1:$port" --socket "$tmp/s.sock" \
     --api-key "$api_key" >"$tmp/shim.log" 2>&1 &
 pids+=($!)
 

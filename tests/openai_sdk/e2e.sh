@@ -26,7 +26,7 @@ fi
 "$bin/sparkd" serve --model "$model" --socket "$work/s.sock" --no-pull 2>"$work/sparkd.log" &
 pids+=($!)
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$bin/spark" serve-openai --socket "$work/s.sock" --listen "127.0.0.1:$port" 2>"$work/shim.log" &
+"$bin/spark" --no-start serve-openai --socket "$work/s.sock" --listen "127.0.0.1:$port" 2>"$work/shim.log" &
 pids+=($!)
 for _ in $(seq 1 300); do
     if curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; then break; fi

@@ -339,6 +339,80 @@ fn run_starts_a_daemon_when_none_answers_and_stop_ends_it() {
     );
 }
 
+/// `spark serve-openai` as `spark run`: a daemon started when none answers, with
+/// `--model`; and `--model` naming another model than the running daemon's refused.
+#[test]
+fn serve_openai_starts_a_daemon_with_its_model_and_refuses_another() {
+    let dir = TempDir::new("auto-shim");
+    let socket = dir.path().join("s.sock");
+    let model = tiny_model();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let shim = |model: &std::path::Path| {
+        let mut cmd = Command::new(bin("spark"));
+        cmd.arg("--socket")
+            .arg(&socket)
+            .arg("--model")
+            .arg(model)
+            .args(["serve-openai", "--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("SPARKD_NO_AUTOSTART")
+            .env_remove("SPARKD_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let mut child = shim(&model).spawn().expect("spawn the shim");
+    let stem = model.file_stem().unwrap().to_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let served = loop {
+        if let Some(models) = http_get_json(port, "/v1/models") {
+            break models;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shim never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(served["data"][0]["id"], stem.as_str(), "{served}");
+    assert!(socket.exists(), "the daemon it started stays resident");
+
+    // Another model than the running daemon's: refused at start, naming both.
+    let other = dir.path().join("other.gguf");
+    std::fs::copy(&model, &other).unwrap();
+    let out = shim(&other).output().expect("run the shim");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("the daemon serves"), "{stderr}");
+
+    let stop = Command::new(bin("spark"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("stop")
+        .output()
+        .unwrap();
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+}
+
+/// The JSON body of `GET path` on localhost:`port` when it answers 200.
+fn http_get_json(port: u16, path: &str) -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.0 200")
+        .then(|| serde_json::from_str(body).ok())
+        .flatten()
+}
+
 #[test]
 fn daemon_absent_and_bad_arguments_have_distinct_exit_codes() {
     let dir = TempDir::new("none");
