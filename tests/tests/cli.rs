@@ -737,14 +737,20 @@ fn schema_holds_the_answer_to_a_json_schema() {
         err.contains("`not`") && err.contains("#/properties/zip"),
         "{err}"
     );
-    // A file that is not JSON never reaches the daemon.
+    // A file that is not JSON, or none, never reaches the daemon: bad arguments.
     let broken = dir.path().join("broken.json");
     std::fs::write(&broken, "{\"type\":").unwrap();
+    let missing = dir.path().join("missing.json");
+    let out = spark(
+        &d.socket,
+        &["run", "--schema", missing.to_str().unwrap(), "hi"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let out = spark(
         &d.socket,
         &["run", "--schema", broken.to_str().unwrap(), "hi"],
     );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("is not JSON"),
         "{}",

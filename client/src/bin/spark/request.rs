@@ -1,6 +1,5 @@
 //! The generation flags `run` and `chat` share, and the request they make.
 
-use anyhow::Context;
 use spark_client::protocol::{
     ChatMessage, GenerateOption, GenerateRequest, OutputFormat, PromptInput, SamplingParams,
     ToolChatMessage, ToolChoice, ToolSpec,
@@ -86,12 +85,13 @@ impl RequestArgs {
         let Some(path) = &self.schema else {
             return Ok(self.format.into());
         };
+        // Bad arguments (exit 2), as a bad --tools file is.
         let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the schema {}", path.display()))?;
+            .map_err(|err| Usage(format!("cannot read the schema {}: {err}", path.display())))?;
         // The daemon checks what the schema says; a file that is not JSON at all is
         // worth saying here, with its line and column.
         serde_json::from_str::<serde_json::Value>(&text)
-            .with_context(|| format!("the schema {} is not JSON", path.display()))?;
+            .map_err(|err| Usage(format!("the schema {} is not JSON: {err}", path.display())))?;
         Ok(OutputFormat::JsonSchema { schema: text })
     }
 
