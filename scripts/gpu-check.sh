@@ -66,11 +66,15 @@
 #                                               largest batch, prefill at the longest
 #       {"kind":"profile_error","error":"..."}  if timing failed (the rest stands)
 #
-# Usage: gpu-check.sh [--work DIR] [--results DIR] [--skip-bench] [--skip-parity] [--smoke]
+# Usage: gpu-check.sh [--work DIR] [--results DIR] [--budget SECONDS] [--skip-bench] [--skip-parity] [--smoke]
 #   --results DIR: also write there, as they come, what this prints (gpu-check.txt),
 #   sparkd's log (gpu-check.log) and the benchmark's JSON lines (bench.jsonl), apart
 #   from the multi-GB models in the work dir: on a lent machine, point it at $OUT, so
 #   that a run cut short by the command's time limit still brings back what it measured.
+#   --budget SECONDS (or GPU_CHECK_BUDGET): the time the whole run may take, for a
+#   command with a time limit: parity starts no new model past about half of it (the
+#   rest is said as skipped), and the benchmark gets what is left (a minute at least) as
+#   its timeout, so that one call brings back both parity and figures.
 #   --smoke: a rehearsal of this script on one tiny one-layer model (parity for 2 steps,
 #   the benchmark at small sizes), for CI, where it runs through the stand-in
 #   CUDA driver (tests/tests/cuda_fake_driver.rs); its figures mean nothing.
@@ -86,6 +90,7 @@ WORK=${SPARKD_GPU_CHECK_DIR:-$HERE/gpu-check-work}
 RESULTS=""
 PARITY_TIMEOUT=${GPU_CHECK_PARITY_TIMEOUT:-300}
 BENCH_TIMEOUT=${GPU_CHECK_BENCH_TIMEOUT:-900}
+BUDGET=${GPU_CHECK_BUDGET:-0}
 DO_PARITY=1
 DO_BENCH=1
 SMOKE=0
@@ -93,6 +98,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --work) WORK=$2; shift 2 ;;
     --results) RESULTS=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
     --skip-bench) DO_BENCH=0; shift ;;
     --skip-parity) DO_PARITY=0; shift ;;
     --smoke) SMOKE=1; shift ;;
@@ -102,6 +108,9 @@ while [ $# -gt 0 ]; do
 done
 
 die() { echo "gpu-check: $*" >&2; exit 1; }
+case "$BUDGET" in ''|*[!0-9]*) die "--budget takes whole seconds, not '$BUDGET'" ;; esac
+# Seconds since the script started ($SECONDS counts from the shell's start).
+elapsed() { echo "$SECONDS"; }
 # The value of "key" in a flat JSON object (numbers, booleans, strings without commas).
 field() { printf '%s\n' "$1" | sed -n "s/.*\"$2\": *\"\{0,1\}\([^,\"}]*\).*/\1/p" | head -n1; }
 # A number as 1.23e-04 (nothing for nothing).
@@ -171,6 +180,7 @@ synth() {
 }
 
 failures=0
+skipped=0
 if [ "$DO_PARITY" = 1 ]; then
   models=()
   steps=32
@@ -197,10 +207,27 @@ if [ "$DO_PARITY" = 1 ]; then
   echo "parity: GPU vs CPU reference logits, max rel err (< 1e-3 on the f32 paths, < 1e-2 on"
   echo "the tensor-core paths) and greedy steps (equal+near ties/steps), $steps steps each"
   printf '  %-24s %10s %8s %10s %8s  %s\n' model "f32 err" f32 "tc err" tc result
+  # Past this, no new parity run starts: the rest of the budget is the benchmark's.
+  parity_until=0
+  if [ "$BUDGET" -gt 0 ]; then
+    parity_until=$((BUDGET - 30))
+    [ "$DO_BENCH" = 1 ] && parity_until=$((BUDGET * 55 / 100))
+  fi
   for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
+    if [ "$BUDGET" -gt 0 ] && [ "$(elapsed)" -ge "$parity_until" ]; then
+      printf '  %-24s %10s %8s %10s %8s  %s\n' "$name" - - - - "skipped (time budget)"
+      skipped=$((skipped + 1))
+      continue
+    fi
+    run_timeout=$PARITY_TIMEOUT
+    if [ "$BUDGET" -gt 0 ]; then
+      # One slow model must not eat the benchmark's share.
+      left=$((parity_until - $(elapsed) + 60))
+      [ "$left" -lt "$run_timeout" ] && run_timeout=$left
+    fi
     set +e
-    line=$(timeout "$PARITY_TIMEOUT" "$SPARKD" gpu-parity --model "$m" --steps "$steps" 2>> "$LOG" | tail -n1)
+    line=$(timeout "$run_timeout" "$SPARKD" gpu-parity --model "$m" --steps "$steps" 2>> "$LOG" | tail -n1)
     rc=$?
     set -e
     f32_err=$(field "$line" f32_max_rel_err)
@@ -234,8 +261,15 @@ if [ "$DO_BENCH" = 1 ]; then
   fi
   echo
   echo "benchmark: $(basename "$m") ($what)"
+  bench_timeout=$BENCH_TIMEOUT
+  if [ "$BUDGET" -gt 0 ]; then
+    left=$((BUDGET - $(elapsed) - 10))
+    [ "$left" -lt 60 ] && left=60
+    [ "$left" -lt "$bench_timeout" ] && bench_timeout=$left
+    echo "  (time budget: ${bench_timeout} s for the benchmark)"
+  fi
   set +e
-  timeout "$BENCH_TIMEOUT" "$SPARKD" bench --device cuda --model "$m" --batches "$batches" \
+  timeout "$bench_timeout" "$SPARKD" bench --device cuda --model "$m" --batches "$batches" \
     --prefill "$prefill" --profile --json > "$BENCH" 2>> "$LOG"
   rc=$?
   set -e
@@ -322,5 +356,9 @@ echo
 if [ "$failures" -gt 0 ]; then
   echo "gpu-check: $failures check(s) failed"
   exit 1
+fi
+if [ "$skipped" -gt 0 ]; then
+  echo "gpu-check: all checks that ran passed; $skipped parity model(s) skipped for the time budget"
+  exit 0
 fi
 echo "gpu-check: all checks passed"

@@ -421,6 +421,46 @@ fn unusable_gpus_are_clear_errors_under_cuda_and_the_cpu_under_auto() {
     );
 }
 
+/// gpu-check.sh with a time budget already spent: no parity run starts, each model is
+/// said as skipped, and the run still ends well (what it skipped is not a failure).
+#[test]
+fn gpu_check_script_skips_parity_past_its_time_budget() {
+    let Some(lib) = fake_driver() else { return };
+    let work = TempDir::new("gpu-check-budget");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--smoke", "--skip-bench", "--budget", "1", "--work"])
+        .arg(work.path())
+        .env("SPARKD", bin("sparkd"))
+        .env("LD_LIBRARY_PATH", &lib)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gpu-check.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let all = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("smoke-llama-1layer")
+                && l.ends_with("skipped (time budget)")),
+        "{all}"
+    );
+    assert!(
+        stdout.contains("all checks that ran passed; 1 parity model(s) skipped"),
+        "{all}"
+    );
+    let bad = Command::new("bash")
+        .arg(&script)
+        .args(["--smoke", "--budget", "soon"])
+        .env("SPARKD", bin("sparkd"))
+        .output()
+        .expect("run gpu-check.sh");
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--budget takes whole seconds"));
+}
+
 /// scripts/gpu-check.sh, the one run a GPU machine gets, rehearsed end to end: its
 /// `--smoke` mode (tiny models) through the stand-in, so that what it parses from
 /// sparkd and what it prints are tested before the first real card runs it.
