@@ -444,6 +444,14 @@ fn chat_message(index: usize, message: MessageIn) -> Result<ToolChatMessage, Api
     } else {
         None
     };
+    // Only an assistant's turn may lack content (it made calls, or said nothing), as in
+    // OpenAI's API: a user, system or tool message without any is a client's mistake.
+    if message.content.is_none() && role != "assistant" {
+        return Err(ApiError::invalid(
+            format!("messages[{index}].content"),
+            format!("a {role} message needs content"),
+        ));
+    }
     Ok(ToolChatMessage {
         role,
         // Assistant messages that only carried tool calls have no content.

@@ -168,6 +168,13 @@ fn wrong_types_name_the_field() {
             "messages[0].content",
         ),
         (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
+        // Only an assistant's turn may come without content.
+        (json!({"messages": [{"role": "user"}]}), "messages[0].content"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"},
+                                {"role": "system", "content": null}]}),
+            "messages[1].content",
+        ),
         (
             json!({"messages": user("x"), "logit_bias": {"1": "a"}}),
             "logit_bias.1",
