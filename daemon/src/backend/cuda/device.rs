@@ -60,6 +60,14 @@ impl fmt::Display for DeviceRequest {
     }
 }
 
+/// The oldest driver sparkd runs on: the driver API it binds (through cudarc's CUDA 13
+/// bindings) includes calls that came with 12.8, such as `cuEventElapsedTime_v2`; an
+/// older driver lacks them, and the first timed step would fail on a missing symbol.
+pub const MIN_DRIVER: CudaVersion = CudaVersion {
+    major: 12,
+    minor: 8,
+};
+
 /// A CUDA version as the driver reports it (13000 = 13.0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct CudaVersion {
@@ -132,6 +140,8 @@ pub enum DeviceError {
     },
     #[error("cannot compile the CUDA kernels: {0}")]
     Nvrtc(#[from] KernelError),
+    #[error("the driver supports CUDA {driver}; sparkd needs a driver of CUDA {MIN_DRIVER} or newer (update the NVIDIA driver)")]
+    DriverBelowMinimum { driver: CudaVersion },
     #[error("the driver supports CUDA {driver} but NVRTC is {nvrtc}; kernels from a newer CUDA major version do not load (update the driver, or use an NVRTC of CUDA {} or older)", driver.major)]
     DriverTooOld {
         driver: CudaVersion,
@@ -192,6 +202,9 @@ pub(crate) fn probe_with(
 /// GPU `ordinal`, or with `None` the first supported one.
 fn find_gpu(stack: &dyn CudaStack, ordinal: Option<usize>) -> Result<DeviceChoice, DeviceError> {
     let driver = stack.driver()?;
+    if driver < MIN_DRIVER {
+        return Err(DeviceError::DriverBelowMinimum { driver });
+    }
     let gpus = stack.devices()?;
     let (gpu, arch) = match ordinal {
         Some(n) => {
@@ -439,6 +452,24 @@ mod tests {
             "{err}"
         );
         cpu_reason(probe_with(DeviceRequest::Auto, &old_driver).unwrap());
+
+        // A driver older than the driver API sparkd binds: a clear refusal, not a
+        // missing symbol at the first step.
+        let ancient = Fake {
+            driver: Ok(CudaVersion::from_driver_int(12040)),
+            nvrtc: Some(NvrtcVersion {
+                major: 12,
+                minor: 4,
+            }),
+            ..working(vec![gpu(0, "NVIDIA H100", (9, 0))])
+        };
+        let err = probe_with(DeviceRequest::Cuda(0), &ancient).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("CUDA 12.4; sparkd needs a driver of CUDA 12.8 or newer"),
+            "{err}"
+        );
+        cpu_reason(probe_with(DeviceRequest::Auto, &ancient).unwrap());
 
         // A newer NVRTC of the driver's major version is fine: the kernels are SASS.
         let newer_minor = Fake {
