@@ -324,12 +324,7 @@ fn run_starts_a_daemon_when_none_answers_and_stop_ends_it() {
     assert!(socket.exists(), "the daemon stays resident");
     // The next call finds it.
     assert!(spark(&socket, &["status"]).status.success());
-    let stop = Command::new(bin("spark"))
-        .arg("--socket")
-        .arg(&socket)
-        .arg("stop")
-        .output()
-        .unwrap();
+    let stop = spark(&socket, &["stop"]);
     assert!(stop.status.success(), "{}", text(&stop.stderr));
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
@@ -390,12 +385,7 @@ fn serve_openai_starts_a_daemon_with_its_model_and_refuses_another() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("the daemon serves"), "{stderr}");
 
-    let stop = Command::new(bin("spark"))
-        .arg("--socket")
-        .arg(&socket)
-        .arg("stop")
-        .output()
-        .unwrap();
+    let stop = spark(&socket, &["stop"]);
     assert!(stop.status.success(), "{}", text(&stop.stderr));
 }
 

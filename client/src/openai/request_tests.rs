@@ -169,7 +169,10 @@ fn wrong_types_name_the_field() {
         ),
         (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
         // Only an assistant's turn may come without content.
-        (json!({"messages": [{"role": "user"}]}), "messages[0].content"),
+        (
+            json!({"messages": [{"role": "user"}]}),
+            "messages[0].content",
+        ),
         (
             json!({"messages": [{"role": "user", "content": "x"},
                                 {"role": "system", "content": null}]}),

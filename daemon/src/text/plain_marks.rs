@@ -75,23 +75,7 @@ impl PlainMarks {
         messages: &'m [ChatMessage],
         tokenizer: &Tokenizer,
     ) -> Cow<'m, [ChatMessage]> {
-        let guarded = |m: &ChatMessage| {
-            (!is_assistant(&m.role))
-                .then(|| self.guard(&m.content, tokenizer))
-                .flatten()
-        };
-        if messages.iter().all(|m| guarded(m).is_none()) {
-            return Cow::Borrowed(messages);
-        }
-        Cow::Owned(
-            messages
-                .iter()
-                .map(|m| ChatMessage {
-                    role: m.role.clone(),
-                    content: guarded(m).unwrap_or_else(|| m.content.clone()),
-                })
-                .collect(),
-        )
+        self.guard_messages(messages, tokenizer)
     }
 
     /// As [`guard_chat`](Self::guard_chat), for a chat with tools: the content of user,
@@ -101,9 +85,17 @@ impl PlainMarks {
         messages: &'m [ToolChatMessage],
         tokenizer: &Tokenizer,
     ) -> Cow<'m, [ToolChatMessage]> {
-        let guarded = |m: &ToolChatMessage| {
-            (!is_assistant(&m.role))
-                .then(|| m.content.as_deref().and_then(|c| self.guard(c, tokenizer)))
+        self.guard_messages(messages, tokenizer)
+    }
+
+    fn guard_messages<'m, M: Message>(
+        &self,
+        messages: &'m [M],
+        tokenizer: &Tokenizer,
+    ) -> Cow<'m, [M]> {
+        let guarded = |m: &M| {
+            (!is_assistant(m.role()))
+                .then(|| m.content().and_then(|c| self.guard(c, tokenizer)))
                 .flatten()
         };
         if messages.iter().all(|m| guarded(m).is_none()) {
@@ -113,10 +105,7 @@ impl PlainMarks {
             messages
                 .iter()
                 .map(|m| match guarded(m) {
-                    Some(content) => ToolChatMessage {
-                        content: Some(content),
-                        ..m.clone()
-                    },
+                    Some(content) => m.with_content(content),
                     None => m.clone(),
                 })
                 .collect(),
@@ -168,6 +157,43 @@ impl PlainMarks {
             }
         }
         (out, plain)
+    }
+}
+
+/// What guarding needs of a chat message, whichever kind.
+trait Message: Clone {
+    fn role(&self) -> &str;
+    fn content(&self) -> Option<&str>;
+    fn with_content(&self, content: String) -> Self;
+}
+
+impl Message for ChatMessage {
+    fn role(&self) -> &str {
+        &self.role
+    }
+    fn content(&self) -> Option<&str> {
+        Some(&self.content)
+    }
+    fn with_content(&self, content: String) -> Self {
+        ChatMessage {
+            role: self.role.clone(),
+            content,
+        }
+    }
+}
+
+impl Message for ToolChatMessage {
+    fn role(&self) -> &str {
+        &self.role
+    }
+    fn content(&self) -> Option<&str> {
+        self.content.as_deref()
+    }
+    fn with_content(&self, content: String) -> Self {
+        ToolChatMessage {
+            content: Some(content),
+            ..self.clone()
+        }
     }
 }
 
