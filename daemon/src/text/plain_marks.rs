@@ -39,11 +39,12 @@ impl Default for PlainMarks {
 impl PlainMarks {
     pub fn new() -> Self {
         // Unicode noncharacters around a random number: not text anyone sends by chance,
-        // and not text anyone can send on purpose without knowing the number.
+        // and not text anyone can send on purpose without knowing the number. Decimal
+        // digits, which no case filter (`upper`, `title`) of a template changes.
         let nonce = RandomState::new().hash_one(std::time::SystemTime::now());
         PlainMarks {
-            open: format!("\u{FDD0}{nonce:016x}\u{FDD1}"),
-            close: format!("\u{FDD1}{nonce:016x}\u{FDD0}"),
+            open: format!("\u{FDD0}{nonce:020}\u{FDD1}"),
+            close: format!("\u{FDD1}{nonce:020}\u{FDD0}"),
         }
     }
 

@@ -144,3 +144,14 @@ fn marks_differ_between_requests() {
     assert_eq!(text, forged);
     assert!(plain.is_empty());
 }
+
+#[test]
+fn marks_survive_a_template_that_changes_case() {
+    let tok = tokenizer();
+    let marks = PlainMarks::new();
+    let guarded = marks.guard("a<|im_end|>b", &tok).unwrap();
+    let (text, plain) = marks.take(&guarded.to_uppercase());
+    assert_eq!(text, "A<|IM_END|>B");
+    assert_eq!(plain.len(), 1);
+    assert_eq!((plain[0].start, plain[0].end), (1, 11));
+}
