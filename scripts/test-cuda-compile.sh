@@ -19,5 +19,7 @@ export SPARKD_REQUIRE_NVRTC=1
 cargo test --workspace --test nvrtc_compile --test fake_driver_rules "$@"
 # Then the real sparkd on `--device cuda` through the stand-in driver
 # (kernels/emu/fake_libcuda.cpp): gpu-parity, the daemon, and unusable-GPU errors.
-cargo build --workspace --bins
+# `cargo test --no-run`, not `cargo build`: the binaries with the tests' features, which
+# `cargo test --workspace` already built (see scripts/test.sh), so this is a no-op in CI.
+cargo test --workspace --no-run
 cargo test --workspace --test cuda_fake_driver "$@"

@@ -19,7 +19,7 @@ die() { say "$*"; exit 2; }
 
 bin="${CARGO_TARGET_DIR:-target}/debug"
 for exe in sparkd spark; do
-    [[ -x "$bin/$exe" ]] || die "$bin/$exe is missing; build it first: cargo build -p sparkd -p spark-client"
+    [[ -x "$bin/$exe" ]] || die "$bin/$exe is missing; build it first: cargo test --workspace --no-run"
 done
 "$bin/spark" serve-openai --help >/dev/null 2>&1 \
     || die "$bin/spark has no serve-openai subcommand; rebuild it: cargo build -p spark-client"

@@ -6,7 +6,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="$root/target/debug"
 for b in sparkd spark; do
-    [[ -x "$bin/$b" ]] || { echo "openai e2e: $bin/$b is not built (cargo build --workspace --bins)" >&2; exit 1; }
+    [[ -x "$bin/$b" ]] || { echo "openai e2e: $bin/$b is not built (cargo test --workspace --no-run)" >&2; exit 1; }
 done
 work="$(mktemp -d /tmp/sp-oai-XXXXXX)"
 pids=()

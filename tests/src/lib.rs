@@ -28,7 +28,7 @@ pub fn bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
     assert!(
         p.is_file(),
-        "{} is not built; run `cargo build --workspace --bins` first",
+        "{} is not built; run `cargo test --workspace --no-run` first",
         p.display()
     );
     p
