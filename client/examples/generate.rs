@@ -58,6 +58,8 @@ async fn main() -> anyhow::Result<()> {
             GenerationEvent::ToolCall(_) | GenerationEvent::ToolCallDelta(_) => {}
             // A thinking model's reasoning, apart from the answer.
             GenerationEvent::Reasoning(r) => eprint!("{}", r.text),
+            // Only requests with logprobs get each token's raw bytes.
+            GenerationEvent::TokenBytes(_) => {}
             GenerationEvent::Done(done) => {
                 println!();
                 eprintln!(

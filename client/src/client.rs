@@ -399,6 +399,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::CacheStatus { .. } => "CacheStatus",
         ServerMessage::ChatFormat { .. } => "ChatFormat",
         ServerMessage::JobEntries { .. } => "JobEntries",
+        ServerMessage::TokenBytes(_) => "TokenBytes",
     }
 }
 
@@ -542,6 +543,7 @@ impl Routes {
             ServerMessage::ToolCall(event) => event.id,
             ServerMessage::ToolCallDelta(event) => event.id,
             ServerMessage::Reasoning(event) => event.id,
+            ServerMessage::TokenBytes(event) => event.id,
             ServerMessage::Done(event) => event.id,
             ServerMessage::Error(ErrorEvent { id: Some(id), .. }) => *id,
             ServerMessage::Tokens { id, .. }
@@ -562,6 +564,7 @@ impl Routes {
             ServerMessage::ToolCall(event) => Ok(GenerationEvent::ToolCall(event)),
             ServerMessage::ToolCallDelta(event) => Ok(GenerationEvent::ToolCallDelta(event)),
             ServerMessage::Reasoning(event) => Ok(GenerationEvent::Reasoning(event)),
+            ServerMessage::TokenBytes(event) => Ok(GenerationEvent::TokenBytes(event)),
             other => Err(other),
         };
         let message = match streamed {

@@ -13,8 +13,8 @@ use crate::{
     client::Routes,
     error::ClientError,
     protocol::{
-        ClientMessage, DoneEvent, PrefillEvent, ReasoningEvent, ServerMessage, TokenEvent,
-        ToolCallDeltaEvent, ToolCallEvent,
+        ClientMessage, DoneEvent, PrefillEvent, ReasoningEvent, ServerMessage, TokenBytesEvent,
+        TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
     },
 };
 
@@ -34,6 +34,10 @@ pub enum GenerationEvent {
     /// A thinking model's reasoning, right before the `Token` that wrote it (daemons
     /// speaking protocol 1.6 or later; see [`ServerMessage::Reasoning`]).
     Reasoning(ReasoningEvent),
+    /// The raw bytes of the next `Token` and of its alternatives, right before it, for
+    /// requests with logprobs (daemons speaking protocol 1.11 or later; see
+    /// [`ServerMessage::TokenBytes`]).
+    TokenBytes(TokenBytesEvent),
     /// Always the last event.
     Done(DoneEvent),
 }
@@ -47,6 +51,7 @@ impl GenerationEvent {
             GenerationEvent::ToolCall(event) => ServerMessage::ToolCall(event),
             GenerationEvent::ToolCallDelta(event) => ServerMessage::ToolCallDelta(event),
             GenerationEvent::Reasoning(event) => ServerMessage::Reasoning(event),
+            GenerationEvent::TokenBytes(event) => ServerMessage::TokenBytes(event),
             GenerationEvent::Done(event) => ServerMessage::Done(event),
         }
     }
@@ -119,6 +124,7 @@ impl Generation {
                 GenerationEvent::ToolCall(event) => calls.push(event.call),
                 GenerationEvent::Prefilled(_)
                 | GenerationEvent::Reasoning(_)
+                | GenerationEvent::TokenBytes(_)
                 | GenerationEvent::ToolCallDelta(_) => {}
                 GenerationEvent::Done(done) => return Ok((text, calls, done)),
             }
@@ -141,7 +147,8 @@ impl Stream for Generation {
                 | GenerationEvent::Prefilled(_)
                 | GenerationEvent::ToolCall(_)
                 | GenerationEvent::ToolCallDelta(_)
-                | GenerationEvent::Reasoning(_)),
+                | GenerationEvent::Reasoning(_)
+                | GenerationEvent::TokenBytes(_)),
             ))) => return Poll::Ready(Some(Ok(event))),
             Poll::Ready(Some(last)) => last,
             // The route was dropped without a final item: the connection ended.

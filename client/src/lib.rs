@@ -24,6 +24,8 @@
 //!         // Only for requests with `GenerateOption::StreamToolCalls`.
 //!         GenerationEvent::ToolCallDelta(_) => {}
 //!         GenerationEvent::Reasoning(r) => eprint!("{}", r.text),
+//!         // Only for requests with logprobs.
+//!         GenerationEvent::TokenBytes(_) => {}
 //!         GenerationEvent::Done(done) => println!("\n{:?}", done.finish_reason),
 //!     }
 //! }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Bumped when variants are appended. A newer minor may send variants an older peer
 /// does not know; peers announce their minor so the other side can avoid that.
-pub const PROTOCOL_MINOR: u16 = 10;
+pub const PROTOCOL_MINOR: u16 = 11;
 /// Default cap on one frame's payload, checked before any allocation.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
 
@@ -252,6 +252,26 @@ pub enum ServerMessage {
         id: u64,
         jobs: Vec<JobEntry>,
     },
+    /// The raw bytes of a token that carries logprobs and of its alternatives, sent
+    /// right before that token's `Token` event to clients that announced 1.11 or later.
+    /// Since 1.11.
+    TokenBytes(TokenBytesEvent),
+}
+
+/// What a token's `String`s cannot hold: a byte-level vocabulary writes a character
+/// of several bytes (an emoji, most CJK) over several tokens, each holding part of it.
+/// [`TokenEvent::text`] holds the text once whole and [`TokenLogprobs::top`] shows a
+/// partial alternative as U+FFFD; these are each token's own bytes, which OpenAI's
+/// `logprobs.bytes` carry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenBytesEvent {
+    /// The generation's id.
+    pub id: u64,
+    /// What the chosen token adds to the text stream: its bytes, or none for a token
+    /// the stream does not show (an end-of-generation or other control token).
+    pub bytes: Vec<u8>,
+    /// The bytes of each alternative of [`TokenLogprobs::top`], in the same order.
+    pub top: Vec<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -336,6 +356,7 @@ impl ServerMessage {
             ServerMessage::ChatFormat { .. } => 8,
             ServerMessage::ToolCallDelta(_) => 9,
             ServerMessage::JobEntries { .. } => 10,
+            ServerMessage::TokenBytes(_) => 11,
             ServerMessage::Welcome(_)
             | ServerMessage::Token(_)
             | ServerMessage::Done(_)
@@ -1185,6 +1206,11 @@ mod tests {
                 },
                 15,
                 10,
+            ),
+            (
+                ServerMessage::TokenBytes(TokenBytesEvent::default()),
+                16,
+                11,
             ),
         ];
         check(&cases, ServerMessage::since_minor);

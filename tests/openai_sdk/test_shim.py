@@ -111,6 +111,43 @@ def test_text_completion():
     check_usage(response.usage, "completion")
 
 
+def test_logprobs_bytes_are_each_tokens_own():
+    # SmolLM2's byte-level vocabulary writes an emoji over several tokens: each entry's
+    # `bytes` are that token's, put end to end they are the text, and a token that is
+    # part of a character reads `bytes:\x..` (as OpenAI writes it), not U+FFFD.
+    messages = [{"role": "user", "content": "Reply with only a smiley emoji and the Chinese word for hello."}]
+    for stream in (False, True):
+        response = client.chat.completions.create(
+            model=model_id(), messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+            logprobs=True, top_logprobs=2, stream=stream,
+        )
+        if stream:
+            chunks = [c for c in response if c.choices]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            entries = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        else:
+            text = response.choices[0].message.content
+            entries = response.choices[0].logprobs.content
+        where = "stream" if stream else "body"
+        assert entries and all(len(e.top_logprobs) == 2 for e in entries), f"{where}: {entries}"
+        joined = b"".join(bytes(e.bytes) for e in entries)
+        assert joined.decode("utf-8", "replace") == text, f"{where}: {joined!r} vs {text!r}"
+        partial = [e for e in entries if not _utf8(bytes(e.bytes))]
+        # The default model answers with emojis; a synthetic one may write none.
+        if any(ord(ch) > 0xFFFF for ch in text):
+            assert partial, f"{where}: an emoji in {text!r} but no token holds part of one"
+        for e in partial + [t for e in entries for t in e.top_logprobs if not _utf8(bytes(t.bytes))]:
+            assert "\ufffd" not in e.token and e.token.startswith("bytes:\\x"), f"{where}: {e}"
+
+
+def _utf8(data):
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def test_a_repeated_prompt_reports_cached_tokens():
     # Long enough to fill several of the daemon's 16-token KV blocks.
     messages = [
@@ -463,24 +500,8 @@ def test_chat_template_kwargs_pass_through_extra_body():
         raise AssertionError("chat_template_kwargs.messages was accepted")
 
 
-TESTS = [
-    test_models_list,
-    test_chat_streaming_with_usage,
-    test_chat_non_streaming,
-    test_text_completion,
-    test_a_repeated_prompt_reports_cached_tokens,
-    test_json_object_output_parses,
-    test_structured_output_parses_into_a_pydantic_model,
-    test_a_union_of_models_without_a_tag_is_enforced,
-    test_patterns_formats_and_tuples_are_enforced,
-    test_a_schema_sparkd_cannot_enforce_is_a_400,
-    test_invalid_request_is_a_400,
-    test_a_required_tool_call,
-    test_a_streamed_tool_call,
-    test_a_named_tool_choice,
-    test_a_tool_result_gets_a_text_answer,
-    test_chat_template_kwargs_pass_through_extra_body,
-]
+# Every `test_` function, in the order they are defined: a new one cannot be left out.
+TESTS = [f for name, f in list(globals().items()) if name.startswith("test_") and callable(f)]
 
 
 def main():

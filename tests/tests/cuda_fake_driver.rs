@@ -188,7 +188,8 @@ async fn tokens_and_done(c: &spark_client::Client, req: GenerateRequest) -> (Vec
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
             | GenerationEvent::ToolCallDelta(_)
-            | GenerationEvent::Reasoning(_) => {}
+            | GenerationEvent::Reasoning(_)
+            | GenerationEvent::TokenBytes(_) => {}
             GenerationEvent::Token(t) => ids.push(t.token),
             GenerationEvent::Done(done) => return (ids, done),
         }
@@ -306,7 +307,8 @@ async fn the_daemon_serves_on_cuda_through_the_driver_api() {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
             | GenerationEvent::ToolCallDelta(_)
-            | GenerationEvent::Reasoning(_) => {}
+            | GenerationEvent::Reasoning(_)
+            | GenerationEvent::TokenBytes(_) => {}
             GenerationEvent::Token(t) => text.push_str(&t.text),
             GenerationEvent::Done(done) => finish = Some(done.finish_reason),
         }

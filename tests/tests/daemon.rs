@@ -25,7 +25,8 @@ async fn run_one(client: &spark_client::Client, req: GenerateRequest) -> Observe
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
             | GenerationEvent::ToolCallDelta(_)
-            | GenerationEvent::Reasoning(_) => {}
+            | GenerationEvent::Reasoning(_)
+            | GenerationEvent::TokenBytes(_) => {}
             GenerationEvent::Token(_) => tokens += 1,
             GenerationEvent::Done(done) => {
                 return Observed {
@@ -142,7 +143,8 @@ async fn cancel_ends_with_done_and_frees_kv() {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
             | GenerationEvent::ToolCallDelta(_)
-            | GenerationEvent::Reasoning(_) => {}
+            | GenerationEvent::Reasoning(_)
+            | GenerationEvent::TokenBytes(_) => {}
             GenerationEvent::Token(_) => {
                 seen += 1;
                 if seen == 3 {
@@ -428,7 +430,8 @@ async fn tokens_of(client: &spark_client::Client, req: GenerateRequest) -> Vec<u
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
             | GenerationEvent::ToolCallDelta(_)
-            | GenerationEvent::Reasoning(_) => {}
+            | GenerationEvent::Reasoning(_)
+            | GenerationEvent::TokenBytes(_) => {}
             GenerationEvent::Token(t) => ids.push(t.token),
             GenerationEvent::Done(_) => return ids,
         }

@@ -466,7 +466,8 @@ async fn greedy_tokens(d: &Daemon) -> Vec<u32> {
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
             | GenerationEvent::ToolCallDelta(_)
-            | GenerationEvent::Reasoning(_) => {}
+            | GenerationEvent::Reasoning(_)
+            | GenerationEvent::TokenBytes(_) => {}
             GenerationEvent::Token(t) => tokens.push(t.token),
             GenerationEvent::Done(done) => {
                 assert_eq!(done.usage.completion_tokens as usize, tokens.len());

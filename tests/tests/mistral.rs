@@ -83,6 +83,7 @@ async fn answer(
             GenerationEvent::Done(done) => return (text, calls, done.finish_reason),
             GenerationEvent::Prefilled(_)
             | GenerationEvent::Reasoning(_)
+            | GenerationEvent::TokenBytes(_)
             | GenerationEvent::ToolCallDelta(_) => {}
         }
     }

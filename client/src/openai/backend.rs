@@ -6,7 +6,7 @@ use futures::stream::BoxStream;
 use crate::protocol::{
     CacheReport, ChatFormatReport, DoneEvent, ErrorKind, ExternalJob, GenerateOption,
     GenerateRequest, JobEntry, JobRecord, ModelInfo, OutputFormat, PrefillEvent, ReasoningEvent,
-    StatusReport, TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
+    StatusReport, TokenBytesEvent, TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
 };
 
 /// One event of a running generation, in the order the daemon sent them.
@@ -24,6 +24,9 @@ pub enum BackendEvent {
     /// A thinking model's reasoning, before the token that wrote it (daemons speaking
     /// protocol 1.6 or later).
     Reasoning(ReasoningEvent),
+    /// The raw bytes of the next `Token` and its alternatives (requests with logprobs,
+    /// daemons speaking protocol 1.11 or later).
+    TokenBytes(TokenBytesEvent),
     /// Always the last event of a generation that was admitted.
     Done(DoneEvent),
 }

@@ -109,6 +109,7 @@ fn backend_event(event: GenerationEvent) -> BackendEvent {
         GenerationEvent::ToolCall(call) => BackendEvent::ToolCall(call),
         GenerationEvent::ToolCallDelta(delta) => BackendEvent::ToolCallDelta(delta),
         GenerationEvent::Reasoning(reasoning) => BackendEvent::Reasoning(reasoning),
+        GenerationEvent::TokenBytes(bytes) => BackendEvent::TokenBytes(bytes),
         GenerationEvent::Done(done) => BackendEvent::Done(done),
     }
 }

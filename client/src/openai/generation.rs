@@ -22,7 +22,8 @@ use super::response::{
     FunctionCallOut, TextChoice, TextCompletion, ToolCallDelta, ToolCallOut, Usage,
 };
 use crate::protocol::{
-    DoneEvent, PrefillEvent, ReasoningEvent, TokenEvent, ToolCallDeltaEvent, ToolCallEvent,
+    DoneEvent, PrefillEvent, ReasoningEvent, TokenBytesEvent, TokenEvent, ToolCallDeltaEvent,
+    ToolCallEvent,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,17 +117,21 @@ pub async fn collect(
     let mut chat_logprobs = ChatLogprobs::default();
     let mut completion_logprobs = CompletionLogprobs::default();
     let mut prefill = None;
+    // The raw bytes of the token that comes next (daemons speaking 1.11, with logprobs).
+    let mut token_bytes: Option<TokenBytesEvent> = None;
     let done = loop {
         match events.next().await {
             Some(Ok(BackendEvent::Prefilled(event))) => prefill = Some(event),
+            Some(Ok(BackendEvent::TokenBytes(event))) => token_bytes = Some(event),
             Some(Ok(BackendEvent::Token(token))) => {
+                let raw = token_bytes.take();
                 if meta.logprobs {
                     match meta.endpoint {
                         Endpoint::Chat => chat_logprobs
                             .content
-                            .extend(ChatTokenLogprob::from_token(&token)),
+                            .extend(ChatTokenLogprob::from_token(&token, raw.as_ref())),
                         Endpoint::Completion => {
-                            completion_logprobs.push(&token, text.chars().count())
+                            completion_logprobs.push(&token, raw.as_ref(), text.chars().count())
                         }
                     }
                 }
@@ -217,6 +222,7 @@ pub fn stream(
         made_calls: false,
         streamed_calls: Vec::new(),
         reasoning_tokens: 0,
+        token_bytes: None,
     };
     let body = stream::unfold(state, |mut state| async move {
         let batch = state.next_batch().await?;
@@ -254,6 +260,8 @@ struct StreamState {
     streamed_calls: Vec<u32>,
     /// Tokens that wrote reasoning, for the final usage.
     reasoning_tokens: u32,
+    /// The raw bytes of the token that comes next (daemons speaking 1.11, with logprobs).
+    token_bytes: Option<TokenBytesEvent>,
 }
 
 impl StreamState {
@@ -277,6 +285,7 @@ impl StreamState {
         }
         match self.events.next().await {
             Some(Ok(BackendEvent::Prefilled(event))) => self.prefill = Some(event),
+            Some(Ok(BackendEvent::TokenBytes(event))) => self.token_bytes = Some(event),
             Some(Ok(BackendEvent::Token(token))) => out.extend(self.token_event(&token)),
             Some(Ok(BackendEvent::ToolCall(call))) => self.tool_call_events(call, &mut out),
             Some(Ok(BackendEvent::ToolCallDelta(delta))) => {
@@ -300,6 +309,7 @@ impl StreamState {
     }
 
     fn token_event(&mut self, token: &TokenEvent) -> Option<Event> {
+        let raw = self.token_bytes.take();
         // A token that only holds part of a UTF-8 character has no text yet; without
         // logprobs there is nothing to say about it.
         if token.text.is_empty() && !self.meta.logprobs {
@@ -311,7 +321,9 @@ impl StreamState {
             Endpoint::Chat => {
                 let logprobs = if self.meta.logprobs {
                     Some(ChatLogprobs {
-                        content: ChatTokenLogprob::from_token(token).into_iter().collect(),
+                        content: ChatTokenLogprob::from_token(token, raw.as_ref())
+                            .into_iter()
+                            .collect(),
                         refusal: None,
                     })
                 } else {
@@ -326,7 +338,7 @@ impl StreamState {
             Endpoint::Completion => {
                 let logprobs = self.meta.logprobs.then(|| {
                     let mut lps = CompletionLogprobs::default();
-                    lps.push(token, offset);
+                    lps.push(token, raw.as_ref(), offset);
                     lps
                 });
                 Some(self.text_event(token.text.clone(), logprobs, None))

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::protocol::{DoneEvent, FinishReason, PrefillEvent, TokenEvent, ToolCall, ToolCallEvent};
+use crate::protocol::{
+    DoneEvent, FinishReason, PrefillEvent, TokenBytesEvent, TokenEvent, ToolCall, ToolCallEvent,
+};
 
 /// `usage`: OpenAI's three counts plus this request's own engine timings (additive fields
 /// that OpenAI SDKs keep as extras). Timings are in milliseconds, rates in tokens/second.
@@ -325,21 +327,74 @@ pub struct TopLogprob {
     pub bytes: Vec<u8>,
 }
 
+/// How OpenAI shows a token: its text, or, for bytes that are not whole UTF-8 (part of
+/// a character written over several tokens), `bytes:` then each byte as `\xNN`, as
+/// OpenAI's own API does. Two partial tokens never show alike, which matters where
+/// tokens are keys (completions' `top_logprobs`).
+pub fn token_string(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => {
+            use std::fmt::Write;
+            let mut shown = String::with_capacity(6 + 4 * bytes.len());
+            shown.push_str("bytes:");
+            for b in bytes {
+                let _ = write!(shown, "\\x{b:02x}");
+            }
+            shown
+        }
+    }
+}
+
+/// One token's `token` string and `bytes`: from its own bytes when the daemon sent them
+/// (protocol 1.11), else from its text (an older daemon: a character written over
+/// several tokens then shows whole on the token that completes it).
+fn shown(text: &str, raw: Option<&[u8]>) -> (String, Vec<u8>) {
+    match raw {
+        Some(bytes) => (token_string(bytes), bytes.to_vec()),
+        None => (text.to_owned(), text.as_bytes().to_vec()),
+    }
+}
+
+/// One token as a logprobs entry shows it.
+struct Shown {
+    token: String,
+    bytes: Vec<u8>,
+    logprob: f32,
+}
+
+/// The chosen token and each alternative as entries; `None` without logprobs.
+fn shown_tokens(event: &TokenEvent, raw: Option<&TokenBytesEvent>) -> Option<(Shown, Vec<Shown>)> {
+    let lp = event.logprobs.as_ref()?;
+    let entry = |text: &str, bytes: Option<&Vec<u8>>, logprob: f32| {
+        let (token, bytes) = shown(text, bytes.map(Vec::as_slice));
+        Shown {
+            token,
+            bytes,
+            logprob,
+        }
+    };
+    let chosen = entry(&event.text, raw.map(|r| &r.bytes), lp.logprob);
+    let top = (lp.top.iter().enumerate())
+        .map(|(i, (_, text, logprob))| entry(text, raw.and_then(|r| r.top.get(i)), *logprob))
+        .collect();
+    Some((chosen, top))
+}
+
 impl ChatTokenLogprob {
-    /// `None` when the token event carries no logprobs.
-    pub fn from_token(event: &TokenEvent) -> Option<Self> {
-        let lp = event.logprobs.as_ref()?;
+    /// `None` when the token event carries no logprobs. `raw`: the token's
+    /// [`TokenBytesEvent`], when the daemon sent one.
+    pub fn from_token(event: &TokenEvent, raw: Option<&TokenBytesEvent>) -> Option<Self> {
+        let (chosen, top) = shown_tokens(event, raw)?;
         Some(Self {
-            token: event.text.clone(),
-            logprob: lp.logprob,
-            bytes: event.text.as_bytes().to_vec(),
-            top_logprobs: lp
-                .top
-                .iter()
-                .map(|(_, text, logprob)| TopLogprob {
-                    token: text.clone(),
-                    logprob: *logprob,
-                    bytes: text.as_bytes().to_vec(),
+            token: chosen.token,
+            logprob: chosen.logprob,
+            bytes: chosen.bytes,
+            top_logprobs: (top.into_iter())
+                .map(|t| TopLogprob {
+                    token: t.token,
+                    logprob: t.logprob,
+                    bytes: t.bytes,
                 })
                 .collect(),
         })
@@ -379,18 +434,14 @@ pub struct CompletionLogprobs {
 
 impl CompletionLogprobs {
     /// Appends one token; `offset` is where its text starts in the completion.
-    pub fn push(&mut self, event: &TokenEvent, offset: usize) {
-        let Some(lp) = event.logprobs.as_ref() else {
+    /// `raw`: the token's [`TokenBytesEvent`], when the daemon sent one.
+    pub fn push(&mut self, event: &TokenEvent, raw: Option<&TokenBytesEvent>, offset: usize) {
+        let Some((chosen, top)) = shown_tokens(event, raw) else {
             return;
         };
-        self.tokens.push(event.text.clone());
-        self.token_logprobs.push(lp.logprob);
-        self.top_logprobs.push(
-            lp.top
-                .iter()
-                .map(|(_, text, logprob)| (text.clone(), *logprob))
-                .collect(),
-        );
+        self.tokens.push(chosen.token);
+        self.token_logprobs.push(chosen.logprob);
+        (self.top_logprobs).push(top.into_iter().map(|t| (t.token, t.logprob)).collect());
         self.text_offset.push(offset);
     }
 }
@@ -517,6 +568,16 @@ mod tests {
     }
 
     #[test]
+    fn a_token_that_is_not_whole_utf8_shows_its_bytes_as_openai_does() {
+        assert_eq!(token_string(b" hello"), " hello");
+        assert_eq!(token_string("😊".as_bytes()), "😊");
+        assert_eq!(token_string(b""), "");
+        assert_eq!(token_string(&[0xF0, 0x9F]), r"bytes:\xf0\x9f");
+        // A token with part of a character after text: all of it as bytes.
+        assert_eq!(token_string(&[b' ', 0xE2, 0x80]), r"bytes:\x20\xe2\x80");
+    }
+
+    #[test]
     fn completion_logprobs_are_parallel_arrays() {
         let token = |text: &str, lp: f32| TokenEvent {
             id: 1,
@@ -528,8 +589,8 @@ mod tests {
             }),
         };
         let mut lps = CompletionLogprobs::default();
-        lps.push(&token("Hel", -0.5), 0);
-        lps.push(&token("lo", -0.25), 3);
+        lps.push(&token("Hel", -0.5), None, 0);
+        lps.push(&token("lo", -0.25), None, 3);
         assert_eq!(lps.tokens, ["Hel", "lo"]);
         assert_eq!(lps.token_logprobs, [-0.5, -0.25]);
         assert_eq!(lps.text_offset, [0, 3]);

@@ -33,6 +33,9 @@ pub struct Submission {
     /// The client takes a thinking model's reasoning apart from its answer
     /// (`ServerMessage::Reasoning`, protocol 1.6): chat answers are split.
     pub split_reasoning: bool,
+    /// The client reads `ServerMessage::TokenBytes` (protocol 1.11): each token that
+    /// carries logprobs is preceded by its raw bytes and its alternatives'.
+    pub token_bytes: bool,
     /// When the request's frame was decoded: the start of `queue_ms` and `ttft_ms`.
     pub arrived: Instant,
     /// Where this request's `Token`, `Error` and final `Done` go. The engine never

@@ -8,7 +8,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spark_client::protocol::{ErrorKind, FinishReason, ServerMessage, TokenEvent, TokenLogprobs};
+use spark_client::protocol::{
+    ErrorKind, FinishReason, ServerMessage, TokenBytesEvent, TokenEvent, TokenLogprobs,
+};
 
 use crate::backend::Backend;
 use crate::model::{Model, SeqInput, BLOCK_TOKENS};
@@ -738,6 +740,21 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
             s.send_reasoning(split.reasoning);
         }
         text = split.content;
+    }
+    if let Some(lp) = lp.as_ref().filter(|_| s.token_bytes) {
+        // What the stream shows of the token: nothing of a control token it hides
+        // (as `text` has nothing of it); the alternatives as `top` shows them.
+        let shown = s.decoder.renders(tok, token);
+        let bytes = if shown { tok.token_bytes(token) } else { &[] };
+        s.send_token_bytes(TokenBytesEvent {
+            id: s.request_id,
+            bytes: bytes.to_vec(),
+            top: lp
+                .top
+                .iter()
+                .map(|(t, ..)| tok.token_bytes(*t).to_vec())
+                .collect(),
+        });
     }
     let event = TokenEvent {
         id: s.request_id,

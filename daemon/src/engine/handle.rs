@@ -544,6 +544,7 @@ impl EngineHandle {
             }),
             reasoning,
             logprobs: req.logprobs,
+            token_bytes: sub.token_bytes,
             events: sub.events,
             timings: SeqTimings {
                 arrived: Some(sub.arrived),

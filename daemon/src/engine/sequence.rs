@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
     DoneEvent, ErrorEvent, ErrorKind, FinishReason, PrefillEvent, ReasoningEvent, ServerMessage,
-    Timings, TokenEvent, ToolCall, ToolCallDeltaEvent, ToolCallEvent, Usage,
+    Timings, TokenBytesEvent, TokenEvent, ToolCall, ToolCallDeltaEvent, ToolCallEvent, Usage,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -102,6 +102,9 @@ pub struct Sequence {
     /// A chat answer whose reasoning goes apart (the client asked for it).
     pub reasoning: Option<ReasoningSplitter>,
     pub logprobs: Option<u8>,
+    /// Each token with logprobs is preceded by a `TokenBytes` event (the client reads
+    /// protocol 1.11).
+    pub token_bytes: bool,
     pub events: UnboundedSender<ServerMessage>,
     pub timings: SeqTimings,
     pub started_unix_ms: u64,
@@ -167,6 +170,12 @@ impl Sequence {
             text,
         };
         self.send(ServerMessage::Reasoning(event));
+    }
+
+    /// Sends the raw bytes of the token about to be sent; a closed channel means the
+    /// client has gone.
+    pub fn send_token_bytes(&mut self, event: TokenBytesEvent) {
+        self.send(ServerMessage::TokenBytes(event));
     }
 
     /// Sends a token event; a closed channel means the client has gone.

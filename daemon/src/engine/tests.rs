@@ -189,6 +189,7 @@ fn submit_with_options(
         request,
         options,
         split_reasoning,
+        token_bytes: true,
         arrived: Instant::now(),
         events: tx,
     })?;
@@ -661,6 +662,7 @@ fn a_schema_that_cannot_be_enforced_is_refused_before_anything_runs() {
             request,
             options: Vec::new(),
             split_reasoning: true,
+            token_bytes: true,
             arrived: Instant::now(),
             events: tx,
         })
@@ -1250,4 +1252,114 @@ fn the_chat_format_says_how_chats_are_rendered_and_read() {
         "mistral-args-ids"
     );
     assert_eq!(format(Some(LLAMA_STYLE_TEMPLATE)).tools, "llama");
+}
+
+/// A sampled raw generation with `logprobs` alternatives, from a client that reads
+/// `TokenBytes` or not: its events, in order.
+fn logprob_events(
+    engine: &EngineHandle,
+    id: u64,
+    logprobs: Option<u8>,
+    token_bytes: bool,
+) -> Vec<ServerMessage> {
+    let request = GenerateRequest {
+        id,
+        model: None,
+        input: PromptInput::Raw {
+            text: "A prompt".into(),
+            special: false,
+        },
+        sampling: SamplingParams {
+            temperature: 1.5,
+            seed: Some(7),
+            ..SamplingParams::default()
+        },
+        max_tokens: Some(96),
+        stop: Vec::new(),
+        logprobs,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    engine
+        .submit(Submission {
+            format: OutputFormat::Text,
+            conn: 1,
+            client: ClientInfo::default(),
+            request,
+            options: Vec::new(),
+            split_reasoning: true,
+            token_bytes,
+            arrived: Instant::now(),
+            events: tx,
+        })
+        .expect("accepted");
+    let mut events = Vec::new();
+    while let Some(event) = rx.blocking_recv() {
+        let done = matches!(event, ServerMessage::Done(_));
+        events.push(event);
+        if done {
+            return events;
+        }
+    }
+    panic!("stream ended without Done");
+}
+
+#[test]
+fn each_token_with_logprobs_comes_after_its_own_bytes_for_clients_that_read_them() {
+    let (engine, _) = engine(false);
+    let spec = crate::text::TokenizerSpec::from_gguf(
+        GgufFile::from_bytes(synth_gguf(&SynthSpec::tiny()).expect("synth").to_bytes())
+            .expect("parse synth")
+            .metadata(),
+    )
+    .expect("a vocabulary");
+    let tok = crate::text::Tokenizer::new(spec).expect("a tokenizer");
+
+    let events = logprob_events(&engine, 1, Some(3), true);
+    let (mut bytes, mut text, mut tokens, mut partial) = (Vec::new(), String::new(), 0, 0);
+    let mut pending: Option<spark_client::protocol::TokenBytesEvent> = None;
+    for event in events {
+        match event {
+            ServerMessage::TokenBytes(raw) => {
+                assert_eq!(raw.id, 1);
+                assert!(pending.replace(raw).is_none(), "two TokenBytes in a row");
+            }
+            ServerMessage::Token(t) => {
+                let raw = pending.take().expect("each token after its bytes");
+                let lp = t.logprobs.expect("logprobs");
+                let own = if tok.is_control(t.token) {
+                    &[][..]
+                } else {
+                    tok.token_bytes(t.token)
+                };
+                assert_eq!(raw.bytes, own, "token {}", t.token);
+                let top: Vec<&[u8]> = lp.top.iter().map(|(id, ..)| tok.token_bytes(*id)).collect();
+                assert_eq!(raw.top, top);
+                partial += usize::from(std::str::from_utf8(&raw.bytes).is_err());
+                bytes.extend_from_slice(&raw.bytes);
+                text.push_str(&t.text);
+                tokens += 1;
+            }
+            ServerMessage::Prefilled(_) | ServerMessage::Done(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(pending.is_none(), "bytes without their token");
+    assert!(tokens > 8, "{tokens} tokens");
+    assert!(
+        partial > 0,
+        "no token held part of a character: the test shows nothing"
+    );
+    // Put end to end, the tokens' own bytes are the text (as the stream decodes it).
+    assert_eq!(String::from_utf8_lossy(&bytes), text);
+
+    // Without logprobs, or for a client older than 1.11: no TokenBytes at all.
+    for (id, logprobs, token_bytes) in [(2, None, true), (3, Some(3), false)] {
+        let events = logprob_events(&engine, id, logprobs, token_bytes);
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, ServerMessage::TokenBytes(_))),
+            "logprobs {logprobs:?}, token_bytes {token_bytes}"
+        );
+    }
 }

@@ -403,6 +403,8 @@ impl Connection {
             // in the tokens' text.
             split_reasoning: ServerMessage::Reasoning(Default::default()).since_minor()
                 <= self.peer_minor,
+            token_bytes: ServerMessage::TokenBytes(Default::default()).since_minor()
+                <= self.peer_minor,
             arrived,
             events: self.events_tx.clone(),
         };

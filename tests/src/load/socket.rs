@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use spark_client::protocol::{
     ClientMessage, DoneEvent, ErrorEvent, ErrorKind, FinishReason, JobRecord, PrefillEvent,
-    ServerMessage,
+    ServerMessage, TokenBytesEvent,
 };
 
 use super::conn::Conn;
@@ -166,6 +166,8 @@ async fn run_one(
     }
     let mut engine_error: Option<ErrorEvent> = None;
     let mut prefill: Option<PrefillEvent> = None;
+    // The raw bytes of the next token (logprobs requests: the harness speaks 1.11+).
+    let mut token_bytes: Option<TokenBytesEvent> = None;
     loop {
         let frame = match conn.recv(timeout).await {
             Ok(frame) => frame,
@@ -189,9 +191,35 @@ async fn run_one(
                 }
                 prefill = Some(p);
             }
+            ServerMessage::TokenBytes(b) if b.id == req.id => {
+                let alternatives = req.logprobs.map(usize::from);
+                if alternatives != Some(b.top.len()) {
+                    outcome.violations.push(format!(
+                        "TokenBytes with {} alternatives for a request with logprobs {:?}",
+                        b.top.len(),
+                        req.logprobs
+                    ));
+                }
+                if token_bytes.replace(b).is_some() {
+                    outcome
+                        .violations
+                        .push("two TokenBytes before a token".into());
+                }
+            }
             ServerMessage::Token(t) if t.id == req.id => {
                 if prefill.is_none() {
                     outcome.violations.push("a token before Prefilled".into());
+                }
+                if token_bytes.take().is_some() != req.logprobs.is_some() {
+                    outcome.violations.push(format!(
+                        "a token with logprobs {:?} {} its TokenBytes",
+                        req.logprobs,
+                        if req.logprobs.is_some() {
+                            "without"
+                        } else {
+                            "after"
+                        }
+                    ));
                 }
                 outcome.tokens += 1;
                 outcome.ttft.get_or_insert_with(|| sent.elapsed());

@@ -75,6 +75,8 @@ pub async fn stream(
         };
         match event {
             Some(Ok(GenerationEvent::Prefilled(prefill))) => outcome.prefill = Some(prefill),
+            // `spark` asks for no logprobs.
+            Some(Ok(GenerationEvent::TokenBytes(_))) => {}
             // Only asked for in text mode (see `stream_calls`).
             Some(Ok(GenerationEvent::ToolCallDelta(delta))) => {
                 let mut shown = String::new();

@@ -15,8 +15,8 @@ use crate::openai::{
 use crate::protocol::{
     CacheReport, ChatFormatReport, DoneEvent, ErrorKind, FinishReason, GenerateOption,
     GenerateRequest, JobEntry, JobRecord, ModelInfo, OutputFormat, PrefillEvent, PromptInput,
-    ReasoningEvent, StatusReport, Timings, TokenEvent, TokenLogprobs, ToolCall, ToolCallDeltaEvent,
-    ToolCallEvent, ToolCallOpening, ToolChoice, ToolSpec, Usage,
+    ReasoningEvent, StatusReport, Timings, TokenBytesEvent, TokenEvent, TokenLogprobs, ToolCall,
+    ToolCallDeltaEvent, ToolCallEvent, ToolCallOpening, ToolChoice, ToolSpec, Usage,
 };
 
 /// The model the fake has "loaded".
@@ -49,7 +49,13 @@ pub enum Behaviour {
     /// As `Reply`, but each call comes whole even when asked for in pieces, as from a
     /// daemon older than protocol 1.9.
     WholeCalls,
+    /// `SPLIT_TEXT`, whose emoji takes two tokens, each with logprobs preceded by its
+    /// raw bytes, as a daemon speaking protocol 1.11 sends them (logprobs always).
+    SplitCharacter,
 }
+
+/// What `SplitCharacter` answers: "Hi " then 😊 (F0 9F 98 8A) over two tokens.
+pub const SPLIT_TEXT: &str = "Hi \u{1F60A}";
 
 /// What a thinking fake reasons, token by token, before its answer.
 pub const REASONING: &[&str] = &["The user", " greets", "; greet back."];
@@ -335,6 +341,54 @@ impl FakeBackend {
             .boxed()
     }
 
+    /// Three tokens: "Hi ", the emoji's first two bytes (no text yet), its last two
+    /// (its whole text). Each token's one alternative is partial too (F0 9F 98 and
+    /// F0 9F 99): shown as U+FFFD by the `String`s, told apart by the bytes.
+    fn split_character(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
+        let id = req.id;
+        let tokens: [(&[u8], &str); 3] = [
+            (b"Hi ", "Hi "),
+            (&[0xF0, 0x9F], ""),
+            (&[0x98, 0x8A], "\u{1F60A}"),
+        ];
+        let mut events = vec![Ok(BackendEvent::Prefilled(PrefillEvent {
+            id,
+            prompt_tokens: 4,
+            cached_tokens: 0,
+        }))];
+        for (i, (bytes, text)) in tokens.into_iter().enumerate() {
+            let alternative: &[u8] = if i == 0 {
+                &[0xF0, 0x9F, 0x98]
+            } else {
+                &[0xF0, 0x9F, 0x99]
+            };
+            events.push(Ok(BackendEvent::TokenBytes(TokenBytesEvent {
+                id,
+                bytes: bytes.to_vec(),
+                top: vec![alternative.to_vec()],
+            })));
+            events.push(Ok(BackendEvent::Token(TokenEvent {
+                id,
+                token: 300 + i as u32,
+                text: text.into(),
+                logprobs: Some(TokenLogprobs {
+                    logprob: -0.5,
+                    top: vec![(400 + i as u32, "\u{FFFD}".into(), -1.0 - i as f32)],
+                }),
+            })));
+        }
+        events.push(Ok(BackendEvent::Done(DoneEvent {
+            id,
+            finish_reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 4,
+                completion_tokens: 3,
+            },
+            timings: timings_for(4, 3),
+        })));
+        stream::iter(events).boxed()
+    }
+
     fn engine_error(self: &Arc<Self>, req: &GenerateRequest) -> EventStream {
         let id = req.id;
         let events = vec![
@@ -436,6 +490,7 @@ impl Backend for SharedFake {
             Ok(match fake.behaviour() {
                 Behaviour::Reply => fake.reply(&req, stream_calls),
                 Behaviour::WholeCalls => fake.reply(&req, false),
+                Behaviour::SplitCharacter => fake.split_character(&req),
                 Behaviour::Busy => {
                     stream::iter([Err(BackendError::Busy("queue full (64 waiting)".into()))])
                         .boxed()

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::fake::{
     cached_tokens, prompt_tokens, timings_for, Behaviour, TestServer, MODEL, PIECES, REASONING,
+    SPLIT_TEXT,
 };
 use super::{client, sse_chunks, sse_data};
 use crate::openai::RouterOptions;
@@ -272,6 +273,64 @@ async fn chat_logprobs_have_openai_shape() {
     assert_eq!(streamed.len(), PIECES.len());
     assert_eq!(streamed[1]["token"], PIECES[1]);
     assert_eq!(streamed[1]["top_logprobs"][0]["token"], "alt0");
+}
+
+/// A character written over two tokens: each token's `bytes` are its own (put end to
+/// end they are the text), and a token that is not whole UTF-8 shows as OpenAI shows
+/// it, `bytes:\xNN...`, in chat, streamed or not, and in completions, whose
+/// `top_logprobs` keys then stay apart.
+#[tokio::test]
+async fn logprobs_carry_each_tokens_own_bytes() {
+    let server = TestServer::start(Behaviour::SplitCharacter, RouterOptions::default()).await;
+    let mut body = chat_body("x");
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(1);
+    let (status, text) = post(&server, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], SPLIT_TEXT);
+    let expected = json!([
+        {"token": "Hi ", "logprob": -0.5, "bytes": [72, 105, 32],
+         "top_logprobs": [{"token": "bytes:\\xf0\\x9f\\x98", "logprob": -1.0, "bytes": [240, 159, 152]}]},
+        {"token": "bytes:\\xf0\\x9f", "logprob": -0.5, "bytes": [240, 159],
+         "top_logprobs": [{"token": "bytes:\\xf0\\x9f\\x99", "logprob": -2.0, "bytes": [240, 159, 153]}]},
+        {"token": "bytes:\\x98\\x8a", "logprob": -0.5, "bytes": [152, 138],
+         "top_logprobs": [{"token": "bytes:\\xf0\\x9f\\x99", "logprob": -3.0, "bytes": [240, 159, 153]}]},
+    ]);
+    assert_eq!(v["choices"][0]["logprobs"]["content"], expected);
+    let joined: Vec<u8> = expected
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["bytes"].as_array().unwrap().clone())
+        .map(|b| b.as_u64().unwrap() as u8)
+        .collect();
+    assert_eq!(joined, SPLIT_TEXT.as_bytes());
+
+    body["stream"] = json!(true);
+    let (_, text) = post(&server, "/v1/chat/completions", body).await;
+    let streamed: Vec<Value> = sse_chunks(&text)
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(Value::Array(streamed), expected);
+
+    let body = json!({"prompt": "x", "logprobs": 1});
+    let (status, text) = post(&server, "/v1/completions", body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(
+        lp["tokens"],
+        json!(["Hi ", "bytes:\\xf0\\x9f", "bytes:\\x98\\x8a"])
+    );
+    assert_eq!(
+        lp["top_logprobs"][2],
+        json!({"bytes:\\xf0\\x9f\\x99": -3.0})
+    );
+    assert_eq!(lp["text_offset"], json!([0, 3, 3]));
 }
 
 #[tokio::test]

@@ -48,6 +48,8 @@ struct State {
     submissions: Vec<(ConnId, ClientInfo, u64)>,
     formats: Vec<(u64, OutputFormat)>,
     options: Vec<(u64, Vec<GenerateOption>)>,
+    /// (request id, split_reasoning, token_bytes): what the server says the client reads.
+    reads: Vec<(u64, bool, bool)>,
     cancels: Vec<(ConnId, u64, FinishReason)>,
     connection_cancels: Vec<ConnId>,
     finished: Vec<((ConnId, u64), FinishReason, u32)>,
@@ -95,6 +97,12 @@ impl FakeEngine {
     /// (request id, options) of every submission, as the engine got them.
     pub fn options(&self) -> Vec<(u64, Vec<GenerateOption>)> {
         self.lock().options.clone()
+    }
+
+    /// (request id, split_reasoning, token_bytes) of every submission: which events
+    /// the server told the engine the client can decode.
+    pub fn reads(&self) -> Vec<(u64, bool, bool)> {
+        self.lock().reads.clone()
     }
 
     /// (request id, output format) of every submission.
@@ -172,7 +180,8 @@ impl Engine for FakeEngine {
             request,
             format,
             options,
-            split_reasoning: _,
+            split_reasoning,
+            token_bytes,
             arrived,
             events,
         } = submission;
@@ -197,6 +206,7 @@ impl Engine for FakeEngine {
         state.submissions.push((conn, client, id));
         state.formats.push((id, format));
         state.options.push((id, options));
+        state.reads.push((id, split_reasoning, token_bytes));
         let stop = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
         state.running.insert(

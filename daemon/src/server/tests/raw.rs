@@ -481,6 +481,35 @@ async fn calls_are_streamed_only_to_clients_that_can_decode_the_pieces() {
     );
 }
 
+/// `Reasoning` (1.6) and `TokenBytes` (1.11) go only to clients that announced a minor
+/// that decodes them: the server tells the engine which a client reads.
+#[tokio::test]
+async fn events_newer_than_a_clients_minor_are_not_asked_of_the_engine() {
+    let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;
+    for (id, minor) in [(1, 5), (2, 6), (3, 10), (4, 11), (5, PROTOCOL_MINOR)] {
+        let mut client = server.raw().await;
+        client.send(&hello(PROTOCOL_MAJOR, minor)).await;
+        assert!(matches!(
+            client.recv().await,
+            Some(ServerMessage::Welcome(_))
+        ));
+        client
+            .send(&ClientMessage::Generate(request(id, "hi", 1)))
+            .await;
+        read_generation(&mut client, id).await;
+    }
+    assert_eq!(
+        server.engine.reads(),
+        [
+            (1, false, false),
+            (2, true, false),
+            (3, true, false),
+            (4, true, true),
+            (5, true, true)
+        ]
+    );
+}
+
 #[tokio::test]
 async fn first_message_other_than_hello_is_a_handshake_error() {
     let server = TestServer::start(FakeEngine::new(Duration::ZERO)).await;

@@ -61,6 +61,7 @@ async fn the_stream_tells_how_the_prompt_was_read_before_its_first_token() {
             GenerationEvent::ToolCall(_) => "tool call",
             GenerationEvent::ToolCallDelta(_) => "tool call delta",
             GenerationEvent::Reasoning(_) => "reasoning",
+            GenerationEvent::TokenBytes(_) => "token bytes",
             GenerationEvent::Done(_) => "done",
         })
         .collect();

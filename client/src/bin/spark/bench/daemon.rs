@@ -99,10 +99,11 @@ async fn one_stream(
     while let Some(event) = generation.next().await {
         let now = start.elapsed().as_secs_f64();
         match event? {
-            // The bench offers no tools.
+            // The bench offers no tools and asks for no logprobs.
             GenerationEvent::Prefilled(_)
             | GenerationEvent::ToolCall(_)
-            | GenerationEvent::ToolCallDelta(_) => {}
+            | GenerationEvent::ToolCallDelta(_)
+            | GenerationEvent::TokenBytes(_) => {}
             // Each token's Reasoning event is followed by its Token event.
             GenerationEvent::Reasoning(_) => {}
             GenerationEvent::Token(_) => sample.token_arrived(now),
