@@ -34,6 +34,9 @@ fn is_resource_report(line: &str) -> bool {
     line.starts_with("ptxas info") || line.starts_with("ptxas         .")
 }
 
+/// Every (arch, module) pair compiled and checked, spread over the cores: one NVRTC
+/// compile per pair, and a compile is single-threaded (serially this test took ~160 s of
+/// a CI run on 2 cores).
 #[test]
 fn every_module_compiles_cleanly_for_hopper_and_gb10() {
     if !nvrtc_or_skip() {
@@ -41,77 +44,112 @@ fn every_module_compiles_cleanly_for_hopper_and_gb10() {
     }
     let compiler = Compiler::new().without_cache();
     let expected = names::all();
-    let mut failures = Vec::new();
-    for arch in ARCHES {
-        let arch: Arch = arch.parse().unwrap();
-        for (module, _) in SOURCES {
-            let started = std::time::Instant::now();
-            let compiled = match compiler.compile_reporting_resources(module, arch) {
-                Ok(c) => c,
-                Err(e) => {
-                    failures.push(format!("{e}"));
-                    continue;
-                }
-            };
-            let report = &compiled.log;
-            eprintln!(
-                "{module} for {arch}: {} kernels, {} bytes of SASS, {:.1?}",
-                compiled.image.entry_points().count(),
-                compiled.image.cubin().len(),
-                started.elapsed()
-            );
-            let diagnostics: Vec<&str> =
-                report.lines().filter(|l| !is_resource_report(l)).collect();
-            if !diagnostics.is_empty() {
-                failures.push(format!(
-                    "{module} for {arch} has diagnostics:\n{}",
-                    diagnostics.join("\n")
-                ));
-            }
-            let got: BTreeSet<&str> = compiled.image.entry_points().collect();
-            let want: BTreeSet<&str> = expected
+    let jobs: Vec<(Arch, &str)> = ARCHES
+        .iter()
+        .flat_map(|arch| {
+            SOURCES
                 .iter()
-                .filter(|(m, _)| m == module)
-                .map(|(_, n)| n.as_str())
-                .collect();
-            if got != want {
-                failures.push(format!(
-                    "{module} for {arch}: kernels missing {:?}, unlisted {:?}",
-                    want.difference(&got).collect::<Vec<_>>(),
-                    got.difference(&want).collect::<Vec<_>>()
-                ));
-            }
-            // Register arrays that NVRTC could not keep in registers (dynamic indexing)
-            // become local-memory frames, far slower than the design assumes. RoPE's
-            // only frame is sincosf's argument reduction for angles past ~1e5 radians.
-            let ptx = compiled.ptx.as_deref().unwrap_or_default();
-            if ptx.contains(".local .align") && *module != "rope_kv.cu" {
-                failures.push(format!("{module} for {arch}: PTX uses local memory"));
-            }
-            failures.extend(
-                pdl_order_failures(ptx)
-                    .into_iter()
-                    .map(|f| format!("{module} for {arch}: {f}")),
-            );
-            let frames = ptxas_frames(report);
-            if frames.len() != want.len() {
-                failures.push(format!(
-                    "{module} for {arch}: ptxas reported {} kernels, expected {}:\n{report}",
-                    frames.len(),
-                    want.len()
-                ));
-            }
-            for (kernel, frame, spills) in frames {
-                // As above: RoPE's frame is sincosf's slow path, not a spill.
-                if spills > 0 || (frame > 0 && module != &"rope_kv.cu") {
-                    failures.push(format!(
-                        "{kernel} for {arch}: {frame} bytes stack frame, {spills} bytes spilled"
-                    ));
-                }
-            }
+                .map(move |(module, _)| (arch.parse().unwrap(), *module))
+        })
+        .collect();
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<(usize, Vec<String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers.min(jobs.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(arch, module)) = jobs.get(i) else {
+                            return done;
+                        };
+                        done.push((i, check_module(&compiler, &expected, arch, module)));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a compile thread"))
+            .collect()
+    });
+    // Failures in a fixed order whatever thread found them.
+    results.sort_by_key(|(i, _)| *i);
+    let failures: Vec<String> = results.into_iter().flat_map(|(_, f)| f).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Compiles `module` for `arch` and checks it: no diagnostic, exactly the kernels
+/// `names::all()` lists, no local memory, the PDL order, no spill or stack frame.
+fn check_module(
+    compiler: &Compiler,
+    expected: &[(&str, String)],
+    arch: Arch,
+    module: &str,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    let started = std::time::Instant::now();
+    let compiled = match compiler.compile_reporting_resources(module, arch) {
+        Ok(c) => c,
+        Err(e) => return vec![format!("{e}")],
+    };
+    let report = &compiled.log;
+    eprintln!(
+        "{module} for {arch}: {} kernels, {} bytes of SASS, {:.1?}",
+        compiled.image.entry_points().count(),
+        compiled.image.cubin().len(),
+        started.elapsed()
+    );
+    let diagnostics: Vec<&str> = report.lines().filter(|l| !is_resource_report(l)).collect();
+    if !diagnostics.is_empty() {
+        failures.push(format!(
+            "{module} for {arch} has diagnostics:\n{}",
+            diagnostics.join("\n")
+        ));
+    }
+    let got: BTreeSet<&str> = compiled.image.entry_points().collect();
+    let want: BTreeSet<&str> = expected
+        .iter()
+        .filter(|(m, _)| *m == module)
+        .map(|(_, n)| n.as_str())
+        .collect();
+    if got != want {
+        failures.push(format!(
+            "{module} for {arch}: kernels missing {:?}, unlisted {:?}",
+            want.difference(&got).collect::<Vec<_>>(),
+            got.difference(&want).collect::<Vec<_>>()
+        ));
+    }
+    // Register arrays that NVRTC could not keep in registers (dynamic indexing) become
+    // local-memory frames, far slower than the design assumes. RoPE's only frame is
+    // sincosf's argument reduction for angles past ~1e5 radians.
+    let ptx = compiled.ptx.as_deref().unwrap_or_default();
+    if ptx.contains(".local .align") && module != "rope_kv.cu" {
+        failures.push(format!("{module} for {arch}: PTX uses local memory"));
+    }
+    failures.extend(
+        pdl_order_failures(ptx)
+            .into_iter()
+            .map(|f| format!("{module} for {arch}: {f}")),
+    );
+    let frames = ptxas_frames(report);
+    if frames.len() != want.len() {
+        failures.push(format!(
+            "{module} for {arch}: ptxas reported {} kernels, expected {}:\n{report}",
+            frames.len(),
+            want.len()
+        ));
+    }
+    for (kernel, frame, spills) in frames {
+        // As above: RoPE's frame is sincosf's slow path, not a spill.
+        if spills > 0 || (frame > 0 && module != "rope_kv.cu") {
+            failures.push(format!(
+                "{kernel} for {arch}: {frame} bytes stack frame, {spills} bytes spilled"
+            ));
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    failures
 }
 
 #[test]
