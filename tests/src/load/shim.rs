@@ -379,14 +379,31 @@ fn check_whole(plan: &HttpPlan, body: &Value) -> anyhow::Result<u64> {
     } else {
         choice.get("text")
     };
-    if text.and_then(Value::as_str).is_none() {
+    let Some(text) = text.and_then(Value::as_str) else {
         bail!("no text: {body}");
-    }
+    };
     if plan.logprobs && logprob_entries(plan, choice) as u64 != tokens {
         bail!(
             "{} logprob entries for {tokens} completion tokens",
             logprob_entries(plan, choice)
         );
+    }
+    if plan.logprobs && plan.chat {
+        // Each entry's bytes are its token's own: end to end they are what the model
+        // wrote, which the content begins with (decoded as the daemon decodes it).
+        let bytes: Vec<u8> = (choice
+            .pointer("/logprobs/content")
+            .and_then(Value::as_array))
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.get("bytes").and_then(Value::as_array))
+        .flatten()
+        .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+        .collect();
+        let spelled = String::from_utf8_lossy(&bytes);
+        if !spelled.starts_with(text) {
+            bail!("the logprobs' bytes spell {spelled:?}, the content is {text:?}");
+        }
     }
     Ok(tokens)
 }
