@@ -210,6 +210,50 @@ fn jobs_lists_the_runs_with_their_numbers() {
     assert_eq!(table.lines().count(), 3, "{table}");
 }
 
+/// `spark models` lists the models folder with the daemon's model marked loaded, and
+/// works without a daemon (nothing loaded then).
+#[test]
+fn models_lists_the_folder_and_marks_the_loaded_model() {
+    let dir = TempDir::new("models");
+    let model = dir.path().join("tiny-chat.gguf");
+    std::fs::copy(tiny_model(), &model).expect("copy the model");
+    std::fs::write(dir.path().join("other.gguf"), b"not really a model").unwrap();
+    let d = Daemon::start(&model, &[]);
+    let models = |socket: &std::path::Path| {
+        let out = Command::new(bin("spark"))
+            .arg("--socket")
+            .arg(socket)
+            .args(["models", "--json"])
+            .env("SPARKD_MODELS", dir.path())
+            .env("SPARKD_NO_AUTOSTART", "1")
+            .output()
+            .expect("run spark");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("model JSON"))
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap().to_owned(),
+                    m["loaded"].as_bool().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let default = spark_client::models::DEFAULT_MODEL.to_owned();
+    assert_eq!(
+        models(&d.socket),
+        [
+            ("other".to_owned(), false),
+            ("tiny-chat".to_owned(), true),
+            (default.clone(), false)
+        ]
+    );
+    drop(d);
+    let gone = dir.path().join("gone.sock");
+    assert!(models(&gone).iter().all(|(_, loaded)| !loaded));
+}
+
 /// Runs `spark chat` with `lines` on its stdin, one question each.
 fn chat(socket: &std::path::Path, args: &[&str], lines: &[&str]) -> Output {
     use std::io::Write;

@@ -85,8 +85,18 @@ pub fn jobs_table(jobs: &[JobEntry], now_ms: u64) -> String {
         })
         .collect();
 
+    table(&header, &right, &rows)
+}
+
+/// Rows under a header, columns two spaces apart: a `right` column's cells aligned
+/// right (figures), the others left (text), and no trailing spaces.
+pub fn table<const N: usize>(
+    header: &[&str; N],
+    right: &[bool; N],
+    rows: &[[String; N]],
+) -> String {
     let mut widths = header.map(|h| h.chars().count());
-    for row in &rows {
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
@@ -108,10 +118,11 @@ pub fn jobs_table(jobs: &[JobEntry], now_ms: u64) -> String {
                 }
             }
         }
+        line.truncate(line.trim_end().len());
         line
     };
-    let mut table = render(&header);
-    for row in &rows {
+    let mut table = render(header);
+    for row in rows {
         table.push('\n');
         table.push_str(&render(&row.iter().map(String::as_str).collect::<Vec<_>>()));
     }
@@ -244,6 +255,16 @@ pub fn ago(elapsed_ms: u64) -> String {
 
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// A file's size: MiB under a GiB, GiB from there (models run from 100 MiB to 100 GiB).
+pub fn size(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    if bytes < GIB {
+        mib(bytes)
+    } else {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    }
 }
 
 /// `135M`, `7.2B`: parameter counts at a glance.

@@ -8,6 +8,7 @@ mod exit;
 mod format;
 mod jobs;
 mod json;
+mod models;
 mod output;
 mod pull;
 mod request;
@@ -84,6 +85,9 @@ enum Command {
     Stop,
     /// Download a model
     Pull(pull::Args),
+    /// List the models in the models folder, the one the daemon has loaded, and the known ones to pull
+    #[command(visible_alias = "list")]
+    Models(models::Args),
     /// Serve the OpenAI-compatible HTTP API (and the web page) in front of the daemon
     ServeOpenai(serve_openai::Args),
     /// Benchmark the running daemon through its socket (optionally against llama-server)
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
             Command::Tokenize(args) => tokenize::run(&global, args).await,
             Command::Stop => stop::run(&global).await,
             Command::Pull(args) => pull::run(args).await,
+            Command::Models(args) => models::run(&global, args).await,
             Command::ServeOpenai(args) => serve_openai::run(&global, args).await,
             Command::Bench(args) => bench::run(&global, args).await,
         }
