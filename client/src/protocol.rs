@@ -267,8 +267,8 @@ pub enum ServerMessage {
 pub struct TokenBytesEvent {
     /// The generation's id.
     pub id: u64,
-    /// What the chosen token adds to the text stream: its bytes, or none for a token
-    /// the stream does not show (an end-of-generation or other control token).
+    /// The chosen token's bytes; a control token's are its text (`<|im_end|>`), which
+    /// the text stream leaves out, as `top` shows it.
     pub bytes: Vec<u8>,
     /// The bytes of each alternative of [`TokenLogprobs::top`], in the same order.
     pub top: Vec<Vec<u8>>,

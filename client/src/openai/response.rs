@@ -2,9 +2,8 @@
 //! written as focused serde structs rather than taken from an SDK crate, so the usage object
 //! can carry sparkd's timing fields and only what is sent is modelled.
 
-use std::collections::BTreeMap;
-
-use serde::Serialize;
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
 
 use crate::protocol::{
     DoneEvent, FinishReason, PrefillEvent, TokenBytesEvent, TokenEvent, ToolCall, ToolCallEvent,
@@ -422,12 +421,46 @@ pub struct TextChoice {
     pub finish_reason: Option<&'static str>,
 }
 
+/// One token's alternatives as completions show them: a JSON object from token to
+/// logprob, most likely first as OpenAI orders it (a reader that keeps key order sees
+/// the ranking), each token once (the likelier kept, should two read alike).
+#[derive(Debug, Default, PartialEq)]
+pub struct Alternatives(Vec<(String, f32)>);
+
+impl Alternatives {
+    /// From alternatives most likely first.
+    pub fn new(ranked: impl IntoIterator<Item = (String, f32)>) -> Self {
+        let mut kept: Vec<(String, f32)> = Vec::new();
+        for (token, logprob) in ranked {
+            if !kept.iter().any(|(t, _)| *t == token) {
+                kept.push((token, logprob));
+            }
+        }
+        Alternatives(kept)
+    }
+
+    #[cfg(test)]
+    pub fn get(&self, token: &str) -> Option<f32> {
+        self.0.iter().find(|(t, _)| t == token).map(|(_, lp)| *lp)
+    }
+}
+
+impl Serialize for Alternatives {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (token, logprob) in &self.0 {
+            map.serialize_entry(token, logprob)?;
+        }
+        map.end()
+    }
+}
+
 /// The legacy completions logprobs layout: parallel arrays, one entry per token.
 #[derive(Debug, Default, Serialize)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    pub top_logprobs: Vec<Alternatives>,
     /// Character offset of each token in the generated text.
     pub text_offset: Vec<usize>,
 }
@@ -441,7 +474,9 @@ impl CompletionLogprobs {
         };
         self.tokens.push(chosen.token);
         self.token_logprobs.push(chosen.logprob);
-        (self.top_logprobs).push(top.into_iter().map(|t| (t.token, t.logprob)).collect());
+        (self.top_logprobs).push(Alternatives::new(
+            top.into_iter().map(|t| (t.token, t.logprob)),
+        ));
         self.text_offset.push(offset);
     }
 }
@@ -578,6 +613,16 @@ mod tests {
     }
 
     #[test]
+    fn completion_alternatives_keep_their_ranking_and_each_token_once() {
+        let ranked = [("b", -0.5), ("a", -1.0), ("b", -2.0), ("c", -3.0)];
+        let alternatives = Alternatives::new(ranked.map(|(t, lp)| (t.to_owned(), lp)));
+        assert_eq!(
+            serde_json::to_string(&alternatives).unwrap(),
+            r#"{"b":-0.5,"a":-1.0,"c":-3.0}"#
+        );
+    }
+
+    #[test]
     fn completion_logprobs_are_parallel_arrays() {
         let token = |text: &str, lp: f32| TokenEvent {
             id: 1,
@@ -594,6 +639,6 @@ mod tests {
         assert_eq!(lps.tokens, ["Hel", "lo"]);
         assert_eq!(lps.token_logprobs, [-0.5, -0.25]);
         assert_eq!(lps.text_offset, [0, 3]);
-        assert_eq!(lps.top_logprobs[1]["other"], -1.25);
+        assert_eq!(lps.top_logprobs[1].get("other"), Some(-1.25));
     }
 }

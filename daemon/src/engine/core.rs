@@ -742,13 +742,12 @@ fn emit(s: &mut Sequence, token: u32, lp: Option<TokenLogprobs>, tok: &Tokenizer
         text = split.content;
     }
     if let Some(lp) = lp.as_ref().filter(|_| s.token_bytes) {
-        // What the stream shows of the token: nothing of a control token it hides
-        // (as `text` has nothing of it); the alternatives as `top` shows them.
-        let shown = s.decoder.renders(tok, token);
-        let bytes = if shown { tok.token_bytes(token) } else { &[] };
+        // Each token as `top` shows it, a control token as its text (`<|im_end|>`)
+        // though the text stream leaves it out: the chosen token reads as the same
+        // token among its alternatives.
         s.send_token_bytes(TokenBytesEvent {
             id: s.request_id,
-            bytes: bytes.to_vec(),
+            bytes: tok.token_bytes(token).to_vec(),
             top: lp
                 .top
                 .iter()
